@@ -77,7 +77,9 @@ def propagate(path: Path, root: Path = ROOT, dry_run: bool = False) -> list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("files", nargs="*", type=Path, help="stage files whose content to carry forward")
     parser.add_argument("--check", action="store_true", help="list stage-contract violations and exit")
     parser.add_argument("--dry-run", action="store_true", help="say what would be copied, copy nothing")

@@ -99,12 +99,18 @@ def file_changes(stage: Path, prev: Path) -> list[FileChange]:
             continue
         diff = list(
             difflib.unified_diff(
-                read_lines(there), read_lines(here), f"{prev.name}/{path}", f"{stage.name}/{path}", lineterm=""
+                read_lines(there),
+                read_lines(here),
+                f"{prev.name}/{path}",
+                f"{stage.name}/{path}",
+                lineterm="",
             )
         )
         added = sum(1 for line in diff[2:] if line.startswith("+"))
         removed = sum(1 for line in diff[2:] if line.startswith("-"))
-        body = fenced(diff, "diff") if diff else ["Only whitespace at the end of lines or of the file changed."]
+        body = (
+            fenced(diff, "diff") if diff else ["Only whitespace at the end of lines or of the file changed."]
+        )
         changes.append(FileChange(path, "changed", added, removed, body))
     return changes
 
@@ -172,9 +178,15 @@ def stale_files(root: Path = ROOT) -> list[Path]:
     """Committed fragments that differ from a fresh rendering, are missing, or belong to no stage."""
     root = Path(root)
     rendered = render_all(root)
-    stale = [p for p, text in rendered.items() if not (root / p).is_file() or (root / p).read_text(encoding="utf-8") != text]
+    stale = [
+        p
+        for p, text in rendered.items()
+        if not (root / p).is_file() or (root / p).read_text(encoding="utf-8") != text
+    ]
     stale += sorted(
-        p.relative_to(root) for p in (root / GENERATED_DIR).glob("diff_*.md") if p.relative_to(root) not in rendered
+        p.relative_to(root)
+        for p in (root / GENERATED_DIR).glob("diff_*.md")
+        if p.relative_to(root) not in rendered
     )
     return stale
 
@@ -199,7 +211,9 @@ def write_all(root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a fragment is out of date")
     args = parser.parse_args(argv)
     if args.check:

@@ -86,7 +86,9 @@ def parse_result(data: Any, where: str) -> Result:
         if key not in data:
             raise ResultError(f"{where}: missing key {key!r} (schema: benchmarks/README.md)")
         if not isinstance(data[key], kind):
-            raise ResultError(f"{where}: {key!r} must be a JSON {kind.__name__ if isinstance(kind, type) else kind}")
+            raise ResultError(
+                f"{where}: {key!r} must be a JSON {kind.__name__ if isinstance(kind, type) else kind}"
+            )
     for key, value in data["metrics"].items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ResultError(f"{where}: metric {key!r} must be a number, got {value!r}")
@@ -95,7 +97,9 @@ def parse_result(data: Any, where: str) -> Result:
             raise ResultError(f"{where}: hardware needs {key!r} (gpu may be null)")
     group = group_of(data["name"])
     if not GROUP_RE.match(group):
-        raise ResultError(f"{where}: name {data['name']!r} must start with letters or digits, e.g. stage01_offline")
+        raise ResultError(
+            f"{where}: name {data['name']!r} must start with letters or digits, e.g. stage01_offline"
+        )
     return Result(
         path=where,
         name=data["name"],
@@ -226,7 +230,12 @@ def group_body(results: list[Result], plot_link: str | None, group: str) -> list
             out.append("| " + " | ".join(cell(c) for c in cells) + " |")
         out.append("")
         if common:
-            out += ["Config of every row: " + ", ".join(code(f"{k}={format_value(v)}") for k, v in sorted(common.items())) + ".", ""]
+            out += [
+                "Config of every row: "
+                + ", ".join(code(f"{k}={format_value(v)}") for k, v in sorted(common.items()))
+                + ".",
+                "",
+            ]
         envs: dict[str, list[str]] = {}
         for r in rows:
             envs.setdefault(environment(r), []).append(r.name)
@@ -292,14 +301,16 @@ def plot_group(group: str, results: list[Result], target: Path) -> None:
     fig, axes = plt.subplots(
         rows_n, columns, figsize=(6.5 * columns, rows_n * (1.2 + 0.45 * tallest)), squeeze=False
     )
-    for ax, (workload, metric, labels, values) in zip(axes.flat, panels):
+    for ax, (workload, metric, labels, values) in zip(axes.flat, panels, strict=False):
         positions = list(range(len(values)))
         ax.barh(positions, values, color="#3f6fb5")
         ax.set_yticks(positions, labels)
         ax.invert_yaxis()
         ax.set_title(f"{workload}: {metric}", fontsize=10)
-        for y, v in zip(positions, values):
-            ax.annotate(format_metric(v), (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+        for y, v in zip(positions, values, strict=True):
+            ax.annotate(
+                format_metric(v), (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8
+            )
         ax.margins(x=0.15)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
@@ -342,10 +353,14 @@ def stale_files(root: Path = ROOT) -> list[Path]:
     root = Path(root)
     pages = render_markdown(root)
     stale = [
-        p for p, text in pages.items() if not (root / p).is_file() or (root / p).read_text(encoding="utf-8") != text
+        p
+        for p, text in pages.items()
+        if not (root / p).is_file() or (root / p).read_text(encoding="utf-8") != text
     ]
     stale += sorted(
-        p.relative_to(root) for p in (root / GENERATED_DIR).glob("results_*.md") if p.relative_to(root) not in pages
+        p.relative_to(root)
+        for p in (root / GENERATED_DIR).glob("results_*.md")
+        if p.relative_to(root) not in pages
     )
     return stale
 
@@ -379,8 +394,12 @@ def write_all(root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the committed markdown is out of date")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if the committed markdown is out of date"
+    )
     args = parser.parse_args(argv)
     try:
         if args.check:

@@ -68,7 +68,7 @@ def previous_stage(stage: Path) -> Path | None:
 def stage_pairs(root: Path = ROOT) -> list[tuple[Path, Path]]:
     """(previous, stage) for every stage that has a predecessor."""
     stages = list_stages(root)
-    return list(zip(stages, stages[1:]))
+    return list(zip(stages, stages[1:], strict=False))
 
 
 def _declared(stage: Path, variable: str) -> tuple[str, ...]:

@@ -48,10 +48,16 @@ def test_no_results_still_gives_every_page(tmp_path: Path) -> None:
     root = make_repo(tmp_path)
     report = rr.write_all(root)
     generated = root / "docs" / "generated"
-    assert sorted(p.name for p in generated.iterdir()) == ["all_results.md", "results_stage01.md", "results_stage02.md"]
+    assert sorted(p.name for p in generated.iterdir()) == [
+        "all_results.md",
+        "results_stage01.md",
+        "results_stage02.md",
+    ]
     assert "No benchmark results yet" in (generated / "all_results.md").read_text()
     assert "No benchmark results for `stage02` yet" in (generated / "results_stage02.md").read_text()
-    assert not (root / "docs" / "assets" / "plots").exists() or not any((root / "docs/assets/plots").iterdir())
+    assert not (root / "docs" / "assets" / "plots").exists() or not any(
+        (root / "docs/assets/plots").iterdir()
+    )
     assert all(line.startswith("wrote") for line in report)
     assert rr.stale_files(root) == []
 
@@ -80,7 +86,9 @@ def test_results_are_grouped_by_name_prefix(tmp_path: Path) -> None:
     assert "| `stage01_offline_bf16` | `01_naive_generate` | dtype=bfloat16 | 99.50 | 12.00 |" in stage01
     assert "| `stage01_offline_cpu` | `01_naive_generate` |  | 1,235 | 0.0421 |" in stage01
     assert "Config of every row: `attn=torch`, `device=cpu`, `scale=0.01`." in stage01
-    assert "Measured on: CPU `Test CPU 9000`; no GPU; cpu_count `8`; python `3.12.3`, torch `2.11.0`" in stage01
+    assert (
+        "Measured on: CPU `Test CPU 9000`; no GPU; cpu_count `8`; python `3.12.3`, torch `2.11.0`" in stage01
+    )
     assert "`python -m stages.common.bench stage01 --scale 0.01`" in stage01
     assert "![Benchmark results of stage01](../assets/plots/stage01.png)" in stage01
     assert "final-offline" not in stage01
@@ -118,7 +126,10 @@ def test_stale_pages_are_reported_and_removed(tmp_path: Path) -> None:
     rr.write_all(root)
     assert (root / "docs/generated/results_stage09.md").is_file()
     (root / "benchmarks/results/x.json").unlink()
-    assert rr.stale_files(root) == [Path("docs/generated/all_results.md"), Path("docs/generated/results_stage09.md")]
+    assert rr.stale_files(root) == [
+        Path("docs/generated/all_results.md"),
+        Path("docs/generated/results_stage09.md"),
+    ]
     report = rr.write_all(root)
     assert "removed  docs/generated/results_stage09.md" in report
     assert "removed  docs/assets/plots/stage09.png" in report

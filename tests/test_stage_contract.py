@@ -28,7 +28,9 @@ FINAL = ROOT / "final"
 
 def _pair_params() -> list:
     if not PAIRS:
-        reason = f"only {len(STAGES)} stage(s) under stages/: no stage has a previous stage to compare with yet"
+        reason = (
+            f"only {len(STAGES)} stage(s) under stages/: no stage has a previous stage to compare with yet"
+        )
         return [pytest.param(None, None, id="no-stage-pairs", marks=pytest.mark.skip(reason=reason))]
     return [pytest.param(prev, stage, id=f"{prev.name[:2]}-{stage.name}") for prev, stage in PAIRS]
 
@@ -220,7 +222,9 @@ def test_import_scanner_finds_imports_of_stages(tmp_path: Path) -> None:
 def test_propagate_copies_forward_until_a_stage_changes_the_file(tmp_path: Path) -> None:
     first = make_stage(tmp_path, "01_a", BASE)
     second = make_stage(tmp_path, "02_b", {**BASE, "model.py": "M = 2\n"}, changed=("model.py",))
-    third = make_stage(tmp_path, "03_c", {"model.py": "M = 2\n", "sampling.py": "S = 3\n"}, changed=("sampling.py",))
+    third = make_stage(
+        tmp_path, "03_c", {"model.py": "M = 2\n", "sampling.py": "S = 3\n"}, changed=("sampling.py",)
+    )
     fourth = make_stage(tmp_path, "04_d", {"model.py": "M = 2\n", "sampling.py": "S = 3\n"})
     fixed = "def sample():\n    return 42  # fixed\n"
     (first / "sampling.py").write_text(fixed)

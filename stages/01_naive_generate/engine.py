@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from stages.common.devices import pick_device, pick_dtype
-from stages.common.errors import UserError
+from stages.common.limits import finish_reason, max_new_tokens
 from stages.common.model_config import load_model_config
 from stages.common.model_source import resolve_model
 from stages.common.outputs import RequestOutput
@@ -48,7 +48,7 @@ class LLM:
         self, prompt_ids: list[int], params: SamplingParams, on_text: Callable[[str], None] | None = None
     ) -> RequestOutput:
         params.validate()
-        max_new = self._check_length(prompt_ids, params)
+        max_new = max_new_tokens(prompt_ids, params, self.config.max_context, self.config.vocab_size)
         cache = ContiguousKVCache(self.config, len(prompt_ids) + max_new, self.device, self.dtype)
         stream = TextStream(self.tokenizer, prompt_ids, params.stop)
         generator = params.make_generator(self.device)
@@ -67,7 +67,7 @@ class LLM:
             if len(out.token_ids) == 1:
                 out.ttft_s = time.perf_counter() - start
             text, hit_stop = stream.push([token])
-            out.finish_reason = self._finish_reason(token, params, len(out.token_ids), max_new, hit_stop)
+            out.finish_reason = finish_reason(token, params, self.eos_ids, len(out.token_ids), max_new, hit_stop)
             if out.finish_reason and not hit_stop:
                 text += stream.finish()  # release text held back in case it began a stop string
             if on_text and text:
@@ -80,26 +80,3 @@ class LLM:
         out.text = stream.text
         return out
     # --8<-- [end:generate]
-
-    def _check_length(self, prompt_ids: Sequence[int], params: SamplingParams) -> int:
-        """Reject prompts that do not fit; return how many tokens may be generated."""
-        if not prompt_ids:
-            raise UserError("the prompt is empty")
-        room = self.config.max_context - len(prompt_ids)
-        if room < 1:
-            raise UserError(
-                f"the prompt has {len(prompt_ids)} tokens but the model's context holds "
-                f"{self.config.max_context} (prompt and answer together)"
-            )
-        if max(prompt_ids) >= self.config.vocab_size or min(prompt_ids) < 0:
-            raise UserError(f"prompt token ids must be in [0, {self.config.vocab_size})")
-        return min(params.max_tokens, room)
-
-    def _finish_reason(self, token: int, params: SamplingParams, count: int, max_new: int, hit_stop: bool):
-        if hit_stop or token in params.stop_token_ids:
-            return "stop"
-        if token in self.eos_ids and not params.ignore_eos:
-            return "stop"
-        if count >= max_new:
-            return "length"
-        return None

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs the GPU-marked tests (`gpu or multi_gpu`) on a CUDA host.
+#
+#   bash scripts/run_gpu_tests.sh [extra pytest arguments, e.g. -x or tests/test_attention.py]
+#
+# On a CUDA host a skipped GPU test is a failure: it means a kernel library, a GPU or a second
+# GPU was missing, and the run proved nothing. So the script exits 1 when any test failed, was
+# skipped (xfail included), or when no test ran at all. The junit XML and the log are written to
+# ${OUT:-/tmp}/gpu-tests/ (junit.xml, pytest.log).
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+out="${OUT:-/tmp}/gpu-tests"
+mkdir -p "$out"
+python="${PYTHON:-python3}"
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+
+args=(-m "gpu or multi_gpu" -rs -o junit_family=xunit2 --junitxml="$out/junit.xml")
+if [ "$#" -eq 0 ]; then
+  args+=(tests)
+fi
+"$python" -m pytest "${args[@]}" "$@" 2>&1 | tee "$out/pytest.log"
+status=${PIPESTATUS[0]}
+
+"$python" - "$out/junit.xml" "$status" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+junit, status = Path(sys.argv[1]), int(sys.argv[2])
+if not junit.is_file():
+    print(f"gpu tests: FAILED: pytest wrote no {junit} (exit status {status})")
+    sys.exit(1)
+cases = list(ET.parse(junit).getroot().iter("testcase"))
+def outcome(case):
+    for tag in ("failure", "error", "skipped"):
+        child = case.find(tag)
+        if child is not None:
+            return tag, (child.get("message") or child.get("type") or "").strip()
+    return "passed", ""
+results = [(f"{c.get('classname')}::{c.get('name')}", *outcome(c)) for c in cases]
+counts = {k: sum(1 for _, o, _ in results if o == k) for k in ("passed", "failure", "error", "skipped")}
+for name, kind, message in results:
+    if kind != "passed":
+        print(f"gpu tests: {kind.upper()}: {name}: {message}")
+print(
+    f"gpu tests: {len(results)} ran: {counts['passed']} passed, {counts['failure']} failed, "
+    f"{counts['error']} errors, {counts['skipped']} skipped (pytest exit status {status})"
+)
+if not results:
+    print("gpu tests: FAILED: no GPU test ran (none collected or all deselected)")
+    sys.exit(1)
+if counts["skipped"]:
+    print("gpu tests: FAILED: a skipped GPU test is a failure on a CUDA host")
+    sys.exit(1)
+if counts["failure"] or counts["error"] or status != 0:
+    print("gpu tests: FAILED")
+    sys.exit(1)
+print("gpu tests: OK")
+PY
