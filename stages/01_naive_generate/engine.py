@@ -64,8 +64,9 @@ class LLM:
             out.token_ids.append(token)
             if sampled.logprobs[0] is not None:
                 out.logprobs.append(sampled.logprobs[0])
+            out.token_times.append(time.perf_counter() - start)
             if len(out.token_ids) == 1:
-                out.ttft_s = time.perf_counter() - start
+                out.ttft_s = out.token_times[0]
             text, hit_stop = stream.push([token])
             out.finish_reason = finish_reason(token, params, self.eos_ids, len(out.token_ids), max_new, hit_stop)
             if out.finish_reason and not hit_stop:

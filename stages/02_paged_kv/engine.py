@@ -89,6 +89,7 @@ class LLM:
             out = req.output
             if logprobs is not None:
                 out.logprobs.append(logprobs)
+            out.token_times.append(now - req.arrival)
             if len(req.output_ids) == 1:
                 out.ttft_s = now - req.arrival
             _, hit_stop = req.stream.push([token])

@@ -16,3 +16,4 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens whose KV came from a prefix cache (stage 03 on)
     ttft_s: float = 0.0  # time from submission to the first token
     latency_s: float = 0.0  # time from submission to the last token
+    token_times: list[float] = field(default_factory=list)  # when each token was sampled, from submission

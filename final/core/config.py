@@ -1,0 +1,69 @@
+"""EngineConfig: every knob of the engine, with its default, in one typed place.
+
+The CLI (final/args.py), the offline `LLM(**engine_kwargs)` and the engine process all build
+the same object, so a flag means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .errors import NotAvailableYet, UserError
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # HF folder, hub id, or None for the default model
+    device: str = "auto"  # cpu, cuda, cuda:N or auto
+    dtype: str = "auto"  # auto, float32, bfloat16, float16
+    attn: str = "auto"  # NAME or PREFILL,DECODE; see final/attention
+    page_size: int = 1  # tokens per KV page
+    num_pages: int | None = None  # KV pages in the pool; None: from memory (GPU) or a fixed size (CPU)
+    memory_ratio: float = 0.9  # share of GPU memory for weights + KV cache
+    max_running_requests: int = 256  # rows of the page table: requests holding KV at once
+    max_prefill_length: int = 8192  # prompt tokens one prefill step may compute (the chunk budget)
+    max_seq_len_override: int | None = None  # cap the context below the model's own
+    cache: str = "naive"  # prefix cache: see final/kvcache/prefix_cache.py
+    cuda_graph_max_bs: int | None = None  # None: auto; 0: off (graphs are not ported yet)
+    tp: int = 1  # tensor-parallel degree (only 1 until tensor parallelism is ported)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        checks: list[tuple[bool, str]] = [
+            (self.page_size >= 1, f"--page-size must be >= 1, got {self.page_size}"),
+            (self.num_pages is None or self.num_pages >= 1, f"--num-pages must be >= 1, got {self.num_pages}"),
+            (0 < self.memory_ratio <= 1, f"--memory-ratio must be in (0, 1], got {self.memory_ratio}"),
+            (self.max_running_requests >= 1, f"--max-running-requests must be >= 1, got {self.max_running_requests}"),
+            (self.max_prefill_length >= 1, f"--max-prefill-length must be >= 1, got {self.max_prefill_length}"),
+            (
+                self.max_seq_len_override is None or self.max_seq_len_override >= 2,
+                f"--max-seq-len-override must be >= 2, got {self.max_seq_len_override}",
+            ),
+            (
+                self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 0,
+                f"--cuda-graph-max-bs must be >= 0, got {self.cuda_graph_max_bs}",
+            ),
+            (self.tp >= 1, f"--tp must be >= 1, got {self.tp}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+        if self.tp != 1:
+            raise NotAvailableYet(
+                f"tensor parallelism (--tp {self.tp}) is not available in final/ yet; run with --tp 1"
+            )
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Like EngineConfig(**kwargs), but an unknown keyword is a UserError naming the known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise UserError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,63 @@
+"""Sampling parameters: how one request picks its next token, and when it stops.
+
+The fields and their meaning are those of stages/common/sampling.py, so a script written against
+a stage runs against final/ unchanged; `SamplingParams.coerce` accepts any object with these
+attribute names (a stage's SamplingParams, a namespace) and returns final's own type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .errors import UserError
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0  # 0 is greedy
+    top_k: int = -1  # -1 or 0: no top-k
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None  # a private random stream: same seed, same output
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)  # stop strings, cut from the text
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: no logprobs; n >= 0: the sampled token's and the top n
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+        self.validate()
+
+    def validate(self) -> None:
+        checks: list[tuple[bool, str]] = [
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k == -1 or self.top_k >= 0, f"top_k must be >= 1, or -1 or 0 for no limit, got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (self.logprobs is None or self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}"),
+            (all(isinstance(s, str) for s in self.stop), "stop must be a string or a list of strings"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @classmethod
+    def coerce(cls, params: Any) -> SamplingParams:
+        """final's SamplingParams from any object carrying the same attribute names."""
+        if params is None:
+            return cls()
+        if isinstance(params, cls):
+            params.validate()
+            return params
+        values = {f.name: getattr(params, f.name) for f in fields(cls) if hasattr(params, f.name)}
+        return cls(**values)

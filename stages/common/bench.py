@@ -1,0 +1,465 @@
+"""The benchmark harness: one seeded workload, one engine, a fresh process per measured run.
+
+    python -m stages.common.bench --engine stages.02_paged_kv --workload offline --scale 0.05
+    python -m stages.common.bench --engine stages.02_paged_kv --workload offline --engine-arg attn=fi
+    python -m stages.common.bench --engine hf --workload latency --dtype bfloat16 --repeats 3
+
+Each run happens in a child process (this module again, with `--child`), so nothing one run
+compiled, cached or allocated helps the next; the child serves a small warm-up first and only
+then starts the clock. With `--repeats N` every metric is the median over N children. The result
+is one JSON file, `<out>/<name>.json`, in the schema of benchmarks/README.md.
+
+Engines: any module exporting `LLM` (a stage, or `final`), or `hf` (HF transformers `generate`,
+batch-1 latency only: the reference every stage is measured against). Engines with
+`add_request`/`step` are fed each request at its arrival time, between steps, as a server would;
+an engine with only `generate` serves the queued requests one at a time, in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from .outputs import RequestOutput
+from .sampling import SamplingParams
+from .workloads import WORKLOADS, WorkItem, Workload, make_workload
+
+DEFAULT_OUT = Path("benchmarks/results")
+HF_ENGINE = "hf"
+SHARING_WORKLOADS = ("shared-prefix", "no-sharing")
+
+
+class StepEngine(Protocol):
+    def add_request(self, prompt: list[int], params: SamplingParams) -> int: ...
+    def step(self) -> list[tuple[int, RequestOutput]]: ...
+    def has_unfinished(self) -> bool: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Feeding a workload to an engine
+
+
+class SerialEngine:
+    """The step API over an engine that only has `generate` (stage 01): each step serves the
+    oldest queued request to completion. Its times are shifted to count from `add_request`, so
+    the time a request waited in the queue shows in its TTFT, as it would for a user."""
+
+    def __init__(self, llm: Any):
+        self.llm = llm
+        self.queue: deque[tuple[int, list[int], SamplingParams, float]] = deque()
+        self.next_rid = 0
+
+    def add_request(self, prompt: list[int], params: SamplingParams) -> int:
+        rid, self.next_rid = self.next_rid, self.next_rid + 1
+        self.queue.append((rid, prompt, params, time.perf_counter()))
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return bool(self.queue)
+
+    def step(self) -> list[tuple[int, RequestOutput]]:
+        rid, prompt, params, added = self.queue.popleft()
+        waited = time.perf_counter() - added
+        out = self.llm.generate([prompt], params)[0]
+        out.ttft_s += waited
+        out.latency_s += waited
+        out.token_times = [t + waited for t in out.token_times]
+        return [(rid, out)]
+
+
+@dataclass
+class Record:
+    """One request of a run; times in seconds since the run's start."""
+
+    item: WorkItem
+    scheduled_s: float  # when it should arrive
+    submitted_s: float  # when the driver handed it over (at the first step boundary after arrival)
+    output: RequestOutput | None = None
+
+    @property
+    def ttft_s(self) -> float:
+        """From arrival, not submission: waiting for the current step to end is part of the wait."""
+        assert self.output is not None
+        return self.submitted_s - self.scheduled_s + self.output.ttft_s
+
+    @property
+    def finished_s(self) -> float:
+        assert self.output is not None
+        return self.submitted_s + self.output.latency_s
+
+    @property
+    def itls_s(self) -> list[float]:
+        assert self.output is not None
+        times = self.output.token_times
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
+def drive(engine: StepEngine, workload: Workload, progress: bool = True) -> tuple[list[Record], float]:
+    """Serve every item at its arrival time (a session's next turn when its previous turn ends).
+    Returns the records and the wall time from start to the last finished request."""
+    from tqdm import tqdm
+
+    later_turns = {(it.session, it.turn): it for it in workload.items if it.follows_previous_turn}
+    # Sorted by arrival; a turn that follows another joins when that one finishes.
+    arrivals: list[tuple[float, WorkItem]] = sorted(
+        ((it.arrival_s, it) for it in workload.items if not it.follows_previous_turn), key=lambda a: a[0]
+    )
+    in_flight: dict[int, Record] = {}
+    records: list[Record] = []
+    start = time.perf_counter()
+    bar = tqdm(total=len(workload.items), desc=workload.name, unit="req", disable=not progress, leave=False)
+    while arrivals or in_flight:
+        now = time.perf_counter() - start
+        while arrivals and arrivals[0][0] <= now:
+            due, item = arrivals.pop(0)
+            rid = engine.add_request(item.prompt_ids, item.params)
+            in_flight[rid] = Record(item, due, time.perf_counter() - start)
+        if not engine.has_unfinished():
+            if arrivals:  # idle until the next request arrives
+                time.sleep(max(0.0, arrivals[0][0] - (time.perf_counter() - start)))
+            continue
+        for rid, out in engine.step():
+            record = in_flight.pop(rid)
+            record.output = out
+            records.append(record)
+            bar.update(1)
+            item = record.item
+            follower = later_turns.get((item.session, item.turn + 1))
+            if follower is not None:
+                arrivals.append((record.finished_s + follower.arrival_s, follower))
+                arrivals.sort(key=lambda a: a[0])
+    bar.close()
+    total_s = max(r.finished_s for r in records)
+    return records, total_s
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile with linear interpolation (numpy's default), nan when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def latency_metrics(ttfts: list[float], itls: list[float], prefix: str = "") -> dict[str, float]:
+    return {
+        f"{prefix}ttft_ms_p50": 1000 * percentile(ttfts, 50),
+        f"{prefix}ttft_ms_p99": 1000 * percentile(ttfts, 99),
+        f"{prefix}itl_ms_p50": 1000 * percentile(itls, 50),
+        f"{prefix}itl_ms_p99": 1000 * percentile(itls, 99),
+    }
+
+
+def batch1_metrics(prompt_len: int, num_tokens: int, ttft_s: float, latency_s: float) -> dict[str, float]:
+    """Prefill speed from the TTFT; decode speed from the tokens after the first."""
+    decode_s = latency_s - ttft_s
+    step_s = decode_s / (num_tokens - 1) if num_tokens > 1 else float("nan")
+    return {
+        "decode_step_ms": 1000 * step_s,
+        "ttft_ms": 1000 * ttft_s,
+        "decode_tok_per_s": 1 / step_s,
+        "prefill_tok_per_s": prompt_len / ttft_s,
+        "total_s": latency_s,
+        "prompt_tokens": prompt_len,
+        "output_tokens": num_tokens,
+    }
+
+
+def workload_metrics(workload: Workload, records: list[Record], total_s: float) -> dict[str, float]:
+    """Metrics in the order they matter for the workload: the first four are plotted."""
+    outputs = [r.output for r in records if r.output is not None]
+    prompt_tokens = sum(len(o.prompt_ids) for o in outputs)
+    output_tokens = sum(len(o.token_ids) for o in outputs)
+    cached = sum(o.cached_tokens for o in outputs)
+    ttfts = [r.ttft_s for r in records]
+    itls = [gap for r in records for gap in r.itls_s]
+    throughput = {"output_tok_per_s": output_tokens / total_s, "total_s": total_s}
+    counts = {"requests": len(records), "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}
+    if workload.name == "latency":
+        (record,) = records
+        assert record.output is not None
+        return batch1_metrics(
+            prompt_tokens, output_tokens, record.ttft_s, record.finished_s - record.scheduled_s
+        )
+    if workload.name in SHARING_WORKLOADS:
+        return {
+            **throughput,
+            "computed_prefill_tokens": prompt_tokens - cached,
+            "cached_tokens": cached,
+            **latency_metrics(ttfts, itls),
+            "cache_hit_rate": cached / prompt_tokens,
+            **counts,
+        }
+    if workload.name == "long-prompt":
+        # Group 0 is the short requests: what a long prefill does to their ITL is the point.
+        short = [r for r in records if r.item.group == 0]
+        long = [r for r in records if r.item.group == 1]
+        return {
+            "short_itl_ms_p99": 1000 * percentile([g for r in short for g in r.itls_s], 99),
+            "long_ttft_ms_p50": 1000 * percentile([r.ttft_s for r in long], 50),
+            **throughput,
+            "short_itl_ms_p50": 1000 * percentile([g for r in short for g in r.itls_s], 50),
+            "short_ttft_ms_p99": 1000 * percentile([r.ttft_s for r in short], 99),
+            **counts,
+        }
+    return {**throughput, **latency_metrics(ttfts, itls), **counts}
+
+
+# ---------------------------------------------------------------------------------------------
+# The child: one measured run
+
+
+def warmup_workload(vocab_size: int) -> Workload:
+    """Two short requests: loads kernels, compiles JIT kernels, fills allocator caches."""
+    items = [
+        WorkItem(
+            0.0,
+            [(7 * i + j) % min(vocab_size, 1000) for j in range(16)],
+            SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4),
+        )
+        for i in range(2)
+    ]
+    return Workload("warmup", items, seed=0, scale=1.0)
+
+
+def run_engine(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from .devices import synchronize
+
+    module = importlib.import_module(args.engine)
+    llm = module.LLM(args.model, device=args.device, dtype=args.dtype, **parse_engine_args(args.engine_arg))
+    engine: StepEngine = llm if hasattr(llm, "step") else SerialEngine(llm)
+    workload = make_workload(args.workload, llm.config.vocab_size, args.seed, args.scale)
+    check_fits(workload, llm.config.max_context)
+    drive(engine, warmup_workload(llm.config.vocab_size), progress=False)
+    synchronize(llm.device)
+    if llm.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(llm.device)
+    records, total_s = drive(engine, workload, progress=not args.no_progress)
+    metrics = workload_metrics(workload, records, total_s)
+    if llm.device.type == "cuda":
+        metrics["peak_memory_gb"] = torch.cuda.max_memory_allocated(llm.device) / 1e9
+    return {"metrics": metrics, "device": llm.device.type, "dtype": str(llm.dtype).removeprefix("torch.")}
+
+
+def run_hf(args: argparse.Namespace) -> dict[str, Any]:
+    """HF transformers `generate`, batch 1, greedy, exactly `output_len` tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .devices import pick_device, pick_dtype, synchronize
+    from .model_config import load_model_config
+    from .model_source import resolve_model
+
+    if args.workload != "latency":
+        raise SystemExit("--engine hf measures batch-1 latency only: use --workload latency")
+    folder = resolve_model(args.model)
+    config = load_model_config(folder, None)
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, config.dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    (item,) = make_workload("latency", config.vocab_size, args.seed, args.scale).items
+    check_fits(Workload("latency", [item], args.seed, args.scale), config.max_context)
+
+    def timed_generate(prompt: list[int], n: int) -> float:
+        ids = torch.tensor([prompt], device=device)
+        synchronize(device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                pad_token_id=config.eos_token_ids[0] if config.eos_token_ids else 0,
+            )  # fmt: skip
+        synchronize(device)
+        assert out.shape[1] == len(prompt) + n, "generate stopped early"
+        return time.perf_counter() - start
+
+    for warm in warmup_workload(config.vocab_size).items:
+        timed_generate(warm.prompt_ids, warm.params.max_tokens)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    n = item.params.max_tokens
+    ttft_s = timed_generate(item.prompt_ids, 1)  # prefill and one sampled token
+    latency_s = timed_generate(item.prompt_ids, n)
+    metrics = batch1_metrics(len(item.prompt_ids), n, ttft_s, latency_s)
+    if device.type == "cuda":
+        metrics["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return {"metrics": metrics, "device": device.type, "dtype": str(dtype).removeprefix("torch.")}
+
+
+def check_fits(workload: Workload, max_context: int) -> None:
+    if workload.longest_request > max_context:
+        raise SystemExit(
+            f"workload {workload.name} at scale {workload.scale} has a request of {workload.longest_request} "
+            f"tokens but the model's context holds {max_context}: lower --scale or use a longer-context model"
+        )
+
+
+def child_main(args: argparse.Namespace) -> None:
+    from .hardware import describe, versions
+
+    result = run_hf(args) if args.engine == HF_ENGINE else run_engine(args)
+    # The child describes the machine: the parent never touches the GPU, so a CUDA context it
+    # opened cannot shrink the memory the measured engine sizes its KV cache from.
+    result |= {"hardware": describe(), "versions": versions()}
+    Path(args.child_out).write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: repeats, medians, the result file
+
+
+def parse_engine_args(pairs: Sequence[str]) -> dict[str, int | float | str]:
+    """`key=value` pairs; values become int or float when they read as one."""
+    out: dict[str, int | float | str] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--engine-arg wants key=value, got {pair!r}")
+        value: int | float | str = raw
+        for kind in (int, float):
+            with contextlib.suppress(ValueError):
+                value = kind(raw)
+                break
+        out[key.replace("-", "_")] = value
+    return out
+
+
+def stage_of(engine: str) -> str:
+    """`stages.02_paged_kv` -> `02_paged_kv`; `final` and `hf` stay as they are."""
+    return engine.removeprefix("stages.")
+
+
+def default_name(engine: str, workload: str, device: str) -> str:
+    stage = stage_of(engine)
+    group = f"stage{stage[:2]}" if stage[:2].isdigit() else stage.replace("_", "").replace(".", "")
+    return f"{group}_{workload}_{device}"
+
+
+def model_label(model: str | None) -> str:
+    from .default_model import DEFAULT_MODEL_NAME
+
+    return DEFAULT_MODEL_NAME if model is None else Path(model).name or model
+
+
+def run_child(argv: list[str], repeat: int, repeats: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "stages.common.bench", *argv, "--child", "--child-out", str(out)]
+        print(f"[bench] run {repeat + 1}/{repeats}: {shlex.join(cmd[1:])}", file=sys.stderr, flush=True)
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+        code = subprocess.run(cmd, env=env).returncode
+        if code != 0 or not out.exists():
+            raise SystemExit(f"benchmark run {repeat + 1} failed (exit code {code}); its output is above")
+        return json.loads(out.read_text())
+
+
+def median_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
+    keys = list(runs[0]["metrics"])  # keep the child's order: the first four are plotted
+    return {k: statistics.median(run["metrics"][k] for run in runs) for k in keys}
+
+
+def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    first = runs[0]
+    config: dict[str, Any] = {
+        "scale": args.scale,
+        "seed": args.seed,
+        "model": model_label(args.model),
+        "device": first["device"],
+        "dtype": first["dtype"],
+        **parse_engine_args(args.engine_arg),
+        "repeats": len(runs),
+    }
+    return {
+        "name": args.name or default_name(args.engine, args.workload, first["device"]),
+        "stage": stage_of(args.engine),
+        "workload": args.workload,
+        "metrics": median_metrics(runs),
+        "config": config,
+        "hardware": first["hardware"],
+        "versions": first["versions"],
+        "command": shlex.join(["python", "-m", "stages.common.bench", *argv]),
+        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m stages.common.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--engine", default="stages.02_paged_kv", help="an engine module (stages.02_paged_kv, final) or hf"
+    )
+    parser.add_argument("--workload", default="offline", choices=sorted(WORKLOADS))
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="shrink counts and lengths (0.05 for a CPU smoke run)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="HF folder or hub id (default: the default model)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to LLM(...), repeatable",
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="fresh processes; metrics are medians")
+    parser.add_argument("--name", default=None, help="result name (default: <group>_<workload>_<device>)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for <name>.json")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if args.scale <= 0:
+        parser.error("--scale must be > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.child:
+        child_main(args)
+        return
+    runs = [run_child(argv, i, args.repeats) for i in range(args.repeats)]
+    result = build_result(args, argv, runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{result['name']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    summary = ", ".join(f"{k}={v:.4g}" for k, v in list(result["metrics"].items())[:4])
+    print(f"[bench] {result['name']}: {summary} -> {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    from .errors import run_cli
+
+    run_cli(main)
