@@ -52,9 +52,38 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Benchmarks run on whatever this machine has; results land in benchmarks/results/ as JSON.
+# CPU benchmarks (a few minutes on 2 cores), each run in a fresh process; results land in
+# benchmarks/results/ as JSON and the docs tables are regenerated from them. Stage 02's own
+# switch (max_running_requests=1) and stage 01 on the same workload show what batching buys.
+# One thread: on a machine shared with other work, more threads than free cores make every op
+# wait for a descheduled thread (10x slower steps, measured); one thread degrades gracefully.
+BENCH_THREADS ?= 1
+BENCH := $(BIN)/python -m stages.common.bench --device cpu --threads $(BENCH_THREADS)
 bench: model
-	$(BIN)/python -m stages.common.bench stage01 --device auto
+	$(BENCH) --engine stages.01_naive_generate --workload latency --scale 0.5 --repeats 3 --name stage01_latency_cpu
+	$(BENCH) --engine hf --workload latency --scale 0.5 --repeats 3 --name stage01_latency_hf_cpu
+	$(BENCH) --engine stages.02_paged_kv --workload offline --scale 0.05 --name stage02_offline_cpu
+	$(BENCH) --engine stages.02_paged_kv --workload offline --scale 0.05 --engine-arg max_running_requests=1 --name stage02_offline_serial_cpu
+	$(BENCH) --engine stages.01_naive_generate --workload offline --scale 0.05 --name stage01_offline_cpu
+	$(BIN)/python scripts/render_results.py
+
+# GPU benchmarks on a CUDA host (its own Python with the GPU kit, no venv, no package index), with
+# the Qwen3-0.6B-shaped random checkpoint in bf16. Results go to benchmarks/results/$(GPU_TAG)/
+# (h100, h200, ... read from nvidia-smi; override with GPU_TAG=...).
+GPU_PY ?= python3
+GPU_MODEL := checkpoints/qwen3-0.6b-random
+GPU_TAG ?= $(or $(shell nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[abhl][0-9]+' | head -1 | tr A-Z a-z),gpu)
+BENCH_GPU := $(GPU_PY) -m stages.common.bench --device cuda --dtype bfloat16 --model $(GPU_MODEL) --out benchmarks/results/$(GPU_TAG)
+.PHONY: bench-gpu
+bench-gpu:
+	test -f $(GPU_MODEL)/config.json || $(GPU_PY) scripts/make_random_checkpoint.py --shape qwen3-0.6b --out $(GPU_MODEL)
+	$(BENCH_GPU) --engine stages.01_naive_generate --workload latency --repeats 3 --name stage01_latency_$(GPU_TAG)
+	$(BENCH_GPU) --engine hf --workload latency --repeats 3 --name stage01_latency_hf_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.02_paged_kv --workload latency --engine-arg attn=fi --repeats 3 --name stage02_latency_fi_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.02_paged_kv --workload offline --engine-arg attn=fi --name stage02_offline_fi_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.02_paged_kv --workload offline --scale 0.25 --engine-arg attn=fi --name stage02_offline_fi_s025_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.02_paged_kv --workload offline --scale 0.25 --engine-arg attn=torch --name stage02_offline_torch_s025_$(GPU_TAG)
+	$(GPU_PY) scripts/render_results.py
 
 # On a CUDA host: the GPU-marked tests; any skip is a failure there.
 gpu-test:

@@ -13,6 +13,9 @@ import torch
 # The Rust tokenizer's thread pool does not survive fork(): tests that start servers or worker
 # processes after tokenizing would warn, or hang.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The test models are tiny: a second intra-op thread only adds synchronisation, and on a busy
+# 2-core machine a thread that waits for a descheduled sibling can slow a step tenfold.
+torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # With rootdir-relative conftest imports, a bare `pytest` puts tests/ on sys.path, not the

@@ -16,6 +16,7 @@ from tests.stage_list import ROOT, load
 pytestmark = pytest.mark.gpu
 
 stage02 = load("stages.02_paged_kv")
+POOL_TOKENS = 65536
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,8 @@ def test_flashinfer_matches_torch_backend(gpu_model_dir, page_size):
     prompts = sample_prompts(gpu_model_dir, n=8, seed=13)
     results = {}
     for attn in ("torch", "fi"):
-        llm = stage02.LLM(str(gpu_model_dir), device="cuda", dtype="bfloat16", attn=attn, page_size=page_size)
+        llm = stage02.LLM(str(gpu_model_dir), device="cuda", dtype="bfloat16", attn=attn, page_size=page_size,
+                          num_pages=POOL_TOKENS // page_size)  # several engines share the GPU here
         vocab = llm.config.vocab_size
         params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=vocab)
         results[attn] = llm.generate(prompts, params)
@@ -59,7 +61,8 @@ def test_flashinfer_engine_on_qwen3_06b_shape(qwen3_06b_dir):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=64)
     outs = {}
     for attn in ("torch", "fi"):
-        llm = stage02.LLM(str(qwen3_06b_dir), device="cuda", dtype="bfloat16", attn=attn, page_size=16)
+        llm = stage02.LLM(str(qwen3_06b_dir), device="cuda", dtype="bfloat16", attn=attn, page_size=16,
+                          num_pages=POOL_TOKENS // 16)
         outs[attn] = llm.generate(prompts, params)
         assert llm.runner.allocator.num_free == llm.runner.allocator.num_pages
     for ref, fi in zip(outs["torch"], outs["fi"], strict=True):
@@ -77,7 +80,8 @@ def test_flashinfer_engine_on_qwen3_06b_shape(qwen3_06b_dir):
 def test_flashinfer_with_preemption(gpu_model_dir):
     prompts = sample_prompts(gpu_model_dir, n=6, seed=14)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    ample = stage02.LLM(str(gpu_model_dir), device="cuda", dtype="bfloat16", attn="fi", page_size=16)
+    ample = stage02.LLM(str(gpu_model_dir), device="cuda", dtype="bfloat16", attn="fi", page_size=16,
+                        num_pages=POOL_TOKENS // 16)
     tight = stage02.LLM(str(gpu_model_dir), device="cuda", dtype="bfloat16", attn="fi", page_size=16, num_pages=8)
     a = ample.generate(prompts, params)
     b = tight.generate(prompts, params)

@@ -34,10 +34,19 @@ class EngineConfig:
     def validate(self) -> None:
         checks: list[tuple[bool, str]] = [
             (self.page_size >= 1, f"--page-size must be >= 1, got {self.page_size}"),
-            (self.num_pages is None or self.num_pages >= 1, f"--num-pages must be >= 1, got {self.num_pages}"),
+            (
+                self.num_pages is None or self.num_pages >= 1,
+                f"--num-pages must be >= 1, got {self.num_pages}",
+            ),
             (0 < self.memory_ratio <= 1, f"--memory-ratio must be in (0, 1], got {self.memory_ratio}"),
-            (self.max_running_requests >= 1, f"--max-running-requests must be >= 1, got {self.max_running_requests}"),
-            (self.max_prefill_length >= 1, f"--max-prefill-length must be >= 1, got {self.max_prefill_length}"),
+            (
+                self.max_running_requests >= 1,
+                f"--max-running-requests must be >= 1, got {self.max_running_requests}",
+            ),
+            (
+                self.max_prefill_length >= 1,
+                f"--max-prefill-length must be >= 1, got {self.max_prefill_length}",
+            ),
             (
                 self.max_seq_len_override is None or self.max_seq_len_override >= 2,
                 f"--max-seq-len-override must be >= 2, got {self.max_seq_len_override}",
@@ -62,7 +71,9 @@ class EngineConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise UserError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise UserError(
+                f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         return cls(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,6 +14,11 @@ class UserError(Exception):
     """
 
 
+class ContextLengthError(UserError):
+    """A request longer than the model's context or the KV pool can hold: the API's
+    `context_length_exceeded`."""
+
+
 class NotAvailableYet(UserError):
     """A feature whose flag exists (so scripts and docs are stable) but whose code has not been
     ported into final/ yet: --attn fa, --cache radix, --tp 2."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from .errors import UserError
+from .errors import ContextLengthError, UserError
 from .sampling_params import SamplingParams
 
 
@@ -12,7 +12,7 @@ def check_prompt(prompt_ids: Sequence[int], max_context: int, vocab_size: int) -
     if not prompt_ids:
         raise UserError("the prompt is empty")
     if len(prompt_ids) >= max_context:
-        raise UserError(
+        raise ContextLengthError(
             f"the prompt has {len(prompt_ids)} tokens but the model's context holds {max_context} "
             f"(prompt and answer together), so at most {max_context - 1} prompt tokens"
         )
@@ -28,7 +28,7 @@ def max_new_tokens(
     check_prompt(prompt_ids, max_context, vocab_size)
     budget = min(params.max_tokens, max_context - len(prompt_ids))
     if len(prompt_ids) + budget > kv_capacity:
-        raise UserError(
+        raise ContextLengthError(
             f"the request needs up to {len(prompt_ids) + budget} tokens of KV cache ({len(prompt_ids)} "
             f"prompt + {budget} new) but the pool holds {kv_capacity}: lower max_tokens, or raise "
             f"--num-pages / --memory-ratio"
@@ -39,7 +39,7 @@ def max_new_tokens(
 def finish_reason(
     token: int, params: SamplingParams, eos_ids: Collection[int], num_generated: int, max_new: int
 ) -> str | None:
-    """"stop" for EOS or a stop token; "length" when out of tokens; else None. Stop strings are
+    """ "stop" for EOS or a stop token; "length" when out of tokens; else None. Stop strings are
     the detokenizer's business: they need text, and the engine sees only token ids."""
     if token in params.stop_token_ids:
         return "stop"

@@ -41,10 +41,14 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def load_model(folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+def load_model(
+    folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> LlamaForCausalLM:
     cls = MODEL_REGISTRY.get(config.architecture)
     if cls is None:
-        raise UserError(f"no implementation for {config.architecture}; supported: {', '.join(MODEL_REGISTRY)}")
+        raise UserError(
+            f"no implementation for {config.architecture}; supported: {', '.join(MODEL_REGISTRY)}"
+        )
     with torch.device("meta"), _default_dtype(dtype):
         model = cls(config)
     model = model.to_empty(device=device)

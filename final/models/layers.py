@@ -57,7 +57,9 @@ class MergedLinear(Linear):
             raise ValueError(f"{param_name} given for a MergedLinear without one")
         start, size = self.offsets[shard], self.output_sizes[shard]
         if tensor.shape[0] != size or tuple(tensor.shape[1:]) != tuple(target.shape[1:]):
-            raise ValueError(f"shard {shard} has shape {tuple(tensor.shape)}, expected ({size}, *{tuple(target.shape[1:])})")
+            raise ValueError(
+                f"shard {shard} has shape {tuple(tensor.shape)}, expected ({size}, *{tuple(target.shape[1:])})"
+            )
         target[start : start + size].copy_(tensor)
 
 

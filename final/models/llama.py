@@ -28,9 +28,15 @@ class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+        )
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(config.hidden_size, [self.q_size, self.kv_size, self.kv_size], config.qkv_bias)
+        self.qkv_proj = MergedLinear(
+            config.hidden_size, [self.q_size, self.kv_size, self.kv_size], config.qkv_bias
+        )
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         self.qk_norm = config.qk_norm
         if config.qk_norm:  # Qwen3 normalises each head's query and key before RoPE
@@ -38,7 +44,12 @@ class SelfAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, attn: Attention, batch: ForwardBatch
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        attn: Attention,
+        batch: ForwardBatch,
     ) -> torch.Tensor:
         tokens = x.shape[0]  # the new tokens of every request in the batch, concatenated
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)

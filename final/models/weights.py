@@ -95,5 +95,7 @@ def _missing(model: nn.Module, loaded: set[tuple[str, int]], tied: bool) -> list
             if tied and full == "lm_head.weight":
                 continue
             shards = len(module.output_sizes) if isinstance(module, MergedLinear) else 1
-            missing += [f"{full}[{s}]" if shards > 1 else full for s in range(shards) if (full, s) not in loaded]
+            missing += [
+                f"{full}[{s}]" if shards > 1 else full for s in range(shards) if (full, s) not in loaded
+            ]
     return missing

@@ -16,6 +16,7 @@ from .kv_cache import ContiguousKVCache
 from .rope import RotaryEmbedding
 
 
+# --8<-- [start:rmsnorm]
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -27,6 +28,7 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+# --8<-- [end:rmsnorm]
 
 
 class Attention(nn.Module):

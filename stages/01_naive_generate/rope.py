@@ -14,6 +14,7 @@ import torch
 from stages.common.model_config import ModelConfig
 
 
+# --8<-- [start:frequencies]
 def rope_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     """Return (inverse frequencies [head_dim/2], attention scaling) for the config's RoPE type."""
     dim, base, scaling = config.head_dim, config.rope_theta, config.rope_scaling
@@ -28,6 +29,7 @@ def rope_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     if kind == "yarn":
         return _yarn(dim, base, scaling)
     raise ValueError(f"unknown RoPE type {kind}")  # load_model_config rejects these first
+# --8<-- [end:frequencies]
 
 
 def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
@@ -74,6 +76,7 @@ def _yarn(dim: int, base: float, s: dict) -> tuple[torch.Tensor, float]:
     return interpolation * (1 - keep) + extrapolation * keep, float(attention)
 
 
+# --8<-- [start:apply]
 class RotaryEmbedding:
     """A table of cos/sin for every position, built once on the model's device."""
 
@@ -92,3 +95,4 @@ class RotaryEmbedding:
         first, second = x.chunk(2, dim=-1)
         rotated_half = torch.cat([-second, first], dim=-1)
         return x * cos + rotated_half * sin
+# --8<-- [end:apply]

@@ -15,6 +15,7 @@ import torch
 from stages.common.model_config import ModelConfig
 
 
+# --8<-- [start:pool]
 class KVPool:
     """K and V buffers for every layer: [num_pages, page_size, kv_heads, head_dim] each."""
 
@@ -34,6 +35,7 @@ class KVPool:
     def bytes_per_page(config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
         per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.itemsize
         return per_token * page_size
+# --8<-- [end:pool]
 
 
 class PageAllocator:

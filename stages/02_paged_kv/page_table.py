@@ -28,10 +28,12 @@ class PageTable:
             self.device, non_blocking=True
         )
 
+    # --8<-- [start:slots]
     def slots(self, rows: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
         """Pool slot of each token, given its request's row and its position: [T] -> [T]."""
         pages = self.table[rows, positions // page_size].long()
         return pages * page_size + positions % page_size
+    # --8<-- [end:slots]
 
     def pages_of(self, rows: torch.Tensor, num_pages: torch.Tensor) -> torch.Tensor:
         """The first num_pages[i] pages of each row, concatenated (FlashInfer's `kv_indices`)."""

@@ -35,7 +35,7 @@ class ModelRunner:
         self.model = load_model(folder, config, device, dtype)
         num_pages = num_pages or self._pages_that_fit(memory_ratio)
         if num_pages < 1:
-            raise UserError("no memory left for the KV cache: lower the model size or raise --memory-ratio")
+            raise UserError("no GPU memory left for the KV cache: raise --memory-ratio or set --num-pages")
         self.pool = KVPool(config, num_pages, page_size, device, dtype)
         self.allocator = PageAllocator(num_pages)
         self.page_table = PageTable(max_running, -(-config.max_context // page_size), device)

@@ -94,6 +94,7 @@ class Scheduler:
         req.pages.extend(pages)
         return True
 
+    # --8<-- [start:preempt]
     def _preempt(self, req: Request) -> None:
         log.warning(
             "KV cache full: preempting request %d (%d tokens); it will be recomputed", req.rid, req.seq_len
@@ -104,6 +105,7 @@ class Scheduler:
         req.num_computed = 0  # its KV is gone: prompt and output so far are prefilled again
         req.status = Status.WAITING
         self.waiting.appendleft(req)
+    # --8<-- [end:preempt]
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import shlex
 import statistics
@@ -33,13 +34,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .outputs import RequestOutput
-from .sampling import SamplingParams
-from .workloads import WORKLOADS, WorkItem, Workload, make_workload
+if TYPE_CHECKING:  # the parent process only starts children: it never imports torch, so it starts fast
+    from .outputs import RequestOutput
+    from .sampling import SamplingParams
+    from .workloads import WorkItem, Workload
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("benchmarks/results")
+# The names of stages.common.workloads.WORKLOADS (a test keeps them equal), without importing it.
+WORKLOAD_NAMES = ("offline", "latency", "shared-prefix", "no-sharing", "long-prompt")
 HF_ENGINE = "hf"
 SHARING_WORKLOADS = ("shared-prefix", "no-sharing")
 
@@ -163,12 +168,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def latency_metrics(ttfts: list[float], itls: list[float], prefix: str = "") -> dict[str, float]:
+def latency_metrics(ttfts: list[float], itls: list[float]) -> dict[str, float]:
     return {
-        f"{prefix}ttft_ms_p50": 1000 * percentile(ttfts, 50),
-        f"{prefix}ttft_ms_p99": 1000 * percentile(ttfts, 99),
-        f"{prefix}itl_ms_p50": 1000 * percentile(itls, 50),
-        f"{prefix}itl_ms_p99": 1000 * percentile(itls, 99),
+        "ttft_ms_p50": 1000 * percentile(ttfts, 50),
+        "ttft_ms_p99": 1000 * percentile(ttfts, 99),
+        "itl_ms_p50": 1000 * percentile(itls, 50),
+        "itl_ms_p99": 1000 * percentile(itls, 99),
     }
 
 
@@ -233,6 +238,9 @@ def workload_metrics(workload: Workload, records: list[Record], total_s: float) 
 
 def warmup_workload(vocab_size: int) -> Workload:
     """Two short requests: loads kernels, compiles JIT kernels, fills allocator caches."""
+    from .sampling import SamplingParams
+    from .workloads import WorkItem, Workload
+
     items = [
         WorkItem(
             0.0,
@@ -248,6 +256,7 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from .devices import synchronize
+    from .workloads import make_workload
 
     module = importlib.import_module(args.engine)
     llm = module.LLM(args.model, device=args.device, dtype=args.dtype, **parse_engine_args(args.engine_arg))
@@ -273,6 +282,7 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
     from .devices import pick_device, pick_dtype, synchronize
     from .model_config import load_model_config
     from .model_source import resolve_model
+    from .workloads import Workload, make_workload
 
     if args.workload != "latency":
         raise SystemExit("--engine hf measures batch-1 latency only: use --workload latency")
@@ -319,9 +329,17 @@ def check_fits(workload: Workload, max_context: int) -> None:
 
 
 def child_main(args: argparse.Namespace) -> None:
+    import torch
+
     from .hardware import describe, versions
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     result = run_hf(args) if args.engine == HF_ENGINE else run_engine(args)
+    if result["device"] == "cpu":  # how many cores the CPU run used shapes its numbers
+        result["threads"] = torch.get_num_threads()
+    # JSON has no NaN: a metric with nothing to measure (no ITL with one output token) is left out.
+    result["metrics"] = {k: v for k, v in result["metrics"].items() if math.isfinite(v)}
     # The child describes the machine: the parent never touches the GPU, so a CUDA context it
     # opened cannot shrink the memory the measured engine sizes its KV cache from.
     result |= {"hardware": describe(), "versions": versions()}
@@ -365,20 +383,42 @@ def model_label(model: str | None) -> str:
     return DEFAULT_MODEL_NAME if model is None else Path(model).name or model
 
 
-def run_child(argv: list[str], repeat: int, repeats: int) -> dict[str, Any]:
+def run_child(argv: list[str], repeat: int, repeats: int, threads: int | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "stages.common.bench", *argv, "--child", "--child-out", str(out)]
         print(f"[bench] run {repeat + 1}/{repeats}: {shlex.join(cmd[1:])}", file=sys.stderr, flush=True)
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+        # The child finds `stages` (and `final`) from any working directory; relative paths in
+        # argv (--model) still resolve against ours, which it inherits.
+        path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}
+        if threads:  # size OpenMP's pool before torch starts it, not just torch's own count
+            env["OMP_NUM_THREADS"] = str(threads)
         code = subprocess.run(cmd, env=env).returncode
         if code != 0 or not out.exists():
             raise SystemExit(f"benchmark run {repeat + 1} failed (exit code {code}); its output is above")
         return json.loads(out.read_text())
 
 
+def warn_if_busy() -> None:
+    """Other processes on the same cores slow every step: say so rather than publish noise."""
+    from .hardware import usable_cores
+
+    if not hasattr(os, "getloadavg"):
+        return
+    load, cores = os.getloadavg()[0], usable_cores()
+    if load > 0.5 * cores:
+        print(
+            f"[bench] warning: load average {load:.1f} on {cores} cores; other processes compete "
+            "for the CPU and the timings will be noisy",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def median_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
-    keys = list(runs[0]["metrics"])  # keep the child's order: the first four are plotted
+    keys = [k for k in runs[0]["metrics"] if all(k in run["metrics"] for run in runs)]
+    # The child's order is kept: the docs plot the first four.
     return {k: statistics.median(run["metrics"][k] for run in runs) for k in keys}
 
 
@@ -390,6 +430,7 @@ def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str,
         "model": model_label(args.model),
         "device": first["device"],
         "dtype": first["dtype"],
+        **({"threads": first["threads"]} if "threads" in first else {}),
         **parse_engine_args(args.engine_arg),
         "repeats": len(runs),
     }
@@ -415,7 +456,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--engine", default="stages.02_paged_kv", help="an engine module (stages.02_paged_kv, final) or hf"
     )
-    parser.add_argument("--workload", default="offline", choices=sorted(WORKLOADS))
+    parser.add_argument("--workload", default="offline", choices=WORKLOAD_NAMES)
     parser.add_argument(
         "--scale", type=float, default=1.0, help="shrink counts and lengths (0.05 for a CPU smoke run)"
     )
@@ -433,6 +474,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1, help="fresh processes; metrics are medians")
     parser.add_argument("--name", default=None, help="result name (default: <group>_<workload>_<device>)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for <name>.json")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: torch's choice). 1 keeps CPU timings stable on a busy "
+        "machine: with more threads than free cores, every op waits for a descheduled thread",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -441,6 +489,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--repeats must be >= 1")
     if args.scale <= 0:
         parser.error("--scale must be > 0")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
     return args
 
 
@@ -450,7 +500,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child_main(args)
         return
-    runs = [run_child(argv, i, args.repeats) for i in range(args.repeats)]
+    warn_if_busy()
+    runs = [run_child(argv, i, args.repeats, args.threads) for i in range(args.repeats)]
     result = build_result(args, argv, runs)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{result['name']}.json"

@@ -37,12 +37,8 @@ def describe() -> dict[str, Any]:
     """`cpu` and `gpu` (None without CUDA) as benchmarks/README.md requires, and the details."""
     import torch
 
-    info: dict[str, Any] = {
-        "cpu": cpu_model(),
-        "cpu_cores": usable_cores(),
-        "torch_threads": torch.get_num_threads(),
-        "gpu": None,
-    }
+    # The threads a run used are part of its config (bench --threads), not of the machine.
+    info: dict[str, Any] = {"cpu": cpu_model(), "cpu_cores": usable_cores(), "gpu": None}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info |= {

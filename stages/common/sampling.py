@@ -108,6 +108,7 @@ def sample(
     return SampleOutput(tokens=tokens, logprobs=_logprobs(logits, tokens, params))
 
 
+# --8<-- [start:draw]
 def _draw(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]):
     device = logits.device
     temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
@@ -126,6 +127,7 @@ def _draw(logits: torch.Tensor, params: list[SamplingParams], generators: list[t
         if gen is not None:
             noise[row].exponential_(generator=gen)
     return (probs / noise).argmax(dim=-1)
+# --8<-- [end:draw]
 
 
 def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]):

@@ -66,6 +66,7 @@ class IncrementalDetokenizer:
         self.prefix = 0
         self.read = len(self.ids)
 
+    # --8<-- [start:detokenize]
     def push(self, token_ids: Sequence[int]) -> str:
         self.ids.extend(token_ids)
         before = self.tokenizer.decode(self.ids[self.prefix : self.read])
@@ -74,6 +75,7 @@ class IncrementalDetokenizer:
             return ""  # nothing printable yet: wait for the rest of the character
         self.prefix, self.read = self.read, len(self.ids)
         return after[len(before) :]
+    # --8<-- [end:detokenize]
 
 
 class StopStringMatcher:
@@ -87,6 +89,7 @@ class StopStringMatcher:
         self.stops = [s for s in stops if s]
         self.pending = ""
 
+    # --8<-- [start:stop]
     def feed(self, text: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop string was hit)."""
         buf = self.pending + text
@@ -102,6 +105,7 @@ class StopStringMatcher:
                     break
         self.pending = buf[len(buf) - hold :]
         return buf[: len(buf) - hold], False
+    # --8<-- [end:stop]
 
     def flush(self) -> str:
         text, self.pending = self.pending, ""

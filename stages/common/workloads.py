@@ -2,8 +2,8 @@
 
 Every generator is deterministic for a `seed` and takes the same three knobs:
 
-- `vocab_size`: prompt token ids are drawn below min(10000, vocab_size), so a workload fits any
-  model (random ids need no tokenizer, and `ignore_eos` makes output lengths exact);
+- `vocab_size`: prompt token ids are drawn from [0, min(10000, vocab_size - 1)], so a workload
+  fits any model (random ids need no tokenizer, and `ignore_eos` makes output lengths exact);
 - `seed`: the whole workload (ids, lengths, arrival times) follows from it;
 - `scale`: shrinks request counts and token lengths (not times) for CPU smoke runs; `scale=1` is
   the GPU benchmark, `scale=0.05` finishes in minutes on a laptop.

@@ -33,6 +33,7 @@ class FlashInferBackend(AttentionBackend):
         use_tc = config.num_heads // config.num_kv_heads >= 4
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=use_tc)
 
+    # --8<-- [start:prepare]
     def prepare(self, batch: Batch) -> None:
         page_size = self.pool.page_size
         seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int32)
@@ -54,6 +55,7 @@ class FlashInferBackend(AttentionBackend):
                 kv_indptr, kv_indices, last_page_len, c.num_heads, c.num_kv_heads, c.head_dim, page_size,
                 pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype,
             )  # fmt: skip
+    # --8<-- [end:prepare]
 
     def forward(self, layer, q, k, v, batch):
         self.pool.store(layer, batch.out_slots, k, v)

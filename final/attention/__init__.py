@@ -1,0 +1,99 @@
+"""Attention backends, chosen by name: `--attn NAME`, `--attn PREFILL,DECODE`, or `--attn auto`.
+
+    torch    gathers pages and calls scaled_dot_product_attention; CPU and GPU; the reference
+    fi       FlashInfer paged prefill and decode wrappers (flashinfer-python, CUDA)
+    fa       FlashAttention 4 CuTe kernels (Hopper, Blackwell)            -- not ported yet
+    trtllm   FlashInfer's TensorRT-LLM kernels (decode on Hopper+)         -- not ported yet
+
+A new backend is a subclass of AttentionBackend (base.py) and one entry in BACKENDS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..core.errors import NotAvailableYet, UserError
+from ..core.model_config import ModelConfig
+from ..kvcache import KVPool, PageTable
+from .base import AttentionBackend, HybridBackend
+
+Factory = Callable[[ModelConfig, KVPool, PageTable], AttentionBackend]
+
+
+def _torch(config: ModelConfig, pool: KVPool, page_table: PageTable) -> AttentionBackend:
+    from .torch_backend import TorchBackend
+
+    return TorchBackend(config, pool, page_table)
+
+
+def _flashinfer(config: ModelConfig, pool: KVPool, page_table: PageTable) -> AttentionBackend:
+    from .flashinfer_backend import FlashInferBackend  # imports flashinfer only when asked for
+
+    return FlashInferBackend(config, pool, page_table)
+
+
+# Registered so that `--attn fa` is a known name with a clear answer, not "unknown backend".
+NOT_PORTED: dict[str, str] = {
+    "fa": "FlashAttention 4",
+    "trtllm": "the TensorRT-LLM kernels of FlashInfer",
+}
+
+
+def _not_ported_error(name: str) -> NotAvailableYet:
+    return NotAvailableYet(
+        f"--attn {name} ({NOT_PORTED[name]}) is not available in final/ yet; use --attn torch or fi"
+    )
+
+
+def _not_ported(name: str) -> Factory:
+    def factory(config: ModelConfig, pool: KVPool, page_table: PageTable) -> AttentionBackend:
+        raise _not_ported_error(name)
+
+    return factory
+
+
+BACKENDS: dict[str, Factory] = {
+    "torch": _torch,
+    "fi": _flashinfer,
+    **{name: _not_ported(name) for name in NOT_PORTED},
+}
+
+
+def _flashinfer_installed() -> bool:
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_names(spec: str, device_type: str) -> tuple[str, str]:
+    """'fi' -> ('fi', 'fi'); 'torch,fi' -> ('torch', 'fi'); 'auto' -> fi on CUDA when installed.
+    Once fa and trtllm are ported, auto picks by compute capability (fa,trtllm on Hopper)."""
+    if spec == "auto":
+        if device_type == "cuda" and _flashinfer_installed():
+            return "fi", "fi"
+        return "torch", "torch"
+    names = [n.strip() for n in spec.split(",")]
+    if len(names) not in (1, 2) or not all(names):
+        raise UserError(f"--attn takes NAME, PREFILL,DECODE or auto, got {spec!r}")
+    for name in names:
+        if name not in BACKENDS:
+            raise UserError(f"unknown attention backend {name!r}; choose from {', '.join(BACKENDS)} or auto")
+        if name in NOT_PORTED:
+            raise _not_ported_error(name)
+        if name == "fi" and device_type != "cuda":
+            raise UserError("--attn fi runs on CUDA GPUs only; use --attn torch on the CPU")
+    return names[0], names[-1]
+
+
+def create_backend(spec: str, config: ModelConfig, pool: KVPool, page_table: PageTable) -> AttentionBackend:
+    prefill, decode = resolve_names(spec, pool.k.device.type)
+    if prefill == decode:
+        return BACKENDS[prefill](config, pool, page_table)
+    return HybridBackend(
+        BACKENDS[prefill](config, pool, page_table), BACKENDS[decode](config, pool, page_table)
+    )
+
+
+__all__ = ["AttentionBackend", "BACKENDS", "HybridBackend", "create_backend", "resolve_names"]

@@ -1,0 +1,20 @@
+"""The KV cache: the page pool on the device, the free-page allocator and the page table, and the
+prefix cache that decides which finished requests' pages are kept for reuse.
+
+    KVPool          K and V tensors of every layer, in pages of `page_size` tokens (pool.py)
+    PageAllocator   the free list of page ids (allocator.py)
+    PageTable       per request row, the pages holding its tokens, on the device (page_table.py)
+    PrefixCache     reuse of shared prompt prefixes; `naive` keeps nothing (prefix_cache.py)
+    KVCacheManager  allocation that can evict from the prefix cache, and release (manager.py)
+"""
+
+from .allocator import PageAllocator
+from .manager import KVCacheManager
+from .page_table import PageTable
+from .pool import KVPool
+from .prefix_cache import PREFIX_CACHES, PrefixCache, PrefixMatch, create_prefix_cache
+
+__all__ = [
+    "KVCacheManager", "KVPool", "PREFIX_CACHES", "PageAllocator", "PageTable", "PrefixCache", "PrefixMatch",
+    "create_prefix_cache",
+]  # fmt: skip

@@ -1,0 +1,100 @@
+"""The offline API: batch generation from Python, with the engine in this process.
+
+    from final import LLM, SamplingParams
+    llm = LLM()                                   # the default model; LLM("Qwen/Qwen3-0.6B", attn="fi")
+    outs = llm.generate(["Hello, my name is"], SamplingParams(temperature=0, max_tokens=32))
+
+`add_request` / `step` / `has_unfinished` drive the same engine one step at a time, for callers
+that add requests while others run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from .core.config import EngineConfig
+from .core.model_config import ModelConfig
+from .core.outputs import RequestOutput
+from .core.sampling_params import SamplingParams
+from .frontend.request_state import RequestState
+from .frontend.tokenizer import Tokenizer
+from .scheduler import EngineCore
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    def __init__(
+        self, model: str | None = None, device: str = "auto", dtype: str = "auto", **engine_kwargs: Any
+    ):
+        self.engine_config = EngineConfig.from_kwargs(
+            model=model, device=device, dtype=dtype, **engine_kwargs
+        )
+        self.core = EngineCore(self.engine_config)
+        self.tokenizer = Tokenizer(self.core.model_dir)
+        self.requests: dict[int, RequestState] = {}
+        self.next_rid = 0
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.core.model_config
+
+    @property
+    def device(self):
+        return self.core.device
+
+    @property
+    def dtype(self):
+        return self.core.dtype
+
+    def add_request(self, prompt: Prompt, params: Any = None) -> int:
+        """Queue a prompt (text, tokenized without a chat template, or token ids); return its id.
+        `params` is a SamplingParams, or any object with the same attribute names."""
+        sampling = SamplingParams.coerce(params)
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        rid = self.next_rid
+        self.core.add_request(rid, ids, sampling)
+        self.next_rid += 1
+        self.requests[rid] = RequestState(rid, ids, sampling, self.tokenizer)
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[tuple[int, RequestOutput]]:
+        """Run one engine step; return the requests that finished in it."""
+        finished = []
+        for delta in self.core.step():
+            state = self.requests[delta.rid]
+            state.apply(delta)
+            if state.needs_abort:  # a stop string matched: the engine would go on otherwise
+                self.core.abort(delta.rid)
+            if state.finished:
+                finished.append((delta.rid, state.output))
+                del self.requests[delta.rid]
+        return finished
+
+    def generate(
+        self, prompts: Sequence[Prompt], params: Any = None, progress: bool = True
+    ) -> list[RequestOutput]:
+        """Generate for every prompt, batched continuously; outputs in the prompts' order.
+        `params` is one SamplingParams for all prompts, or a list with one per prompt."""
+        if params is None or not isinstance(params, (list, tuple)):
+            per_prompt = [params] * len(prompts)
+        else:
+            per_prompt = list(params)
+        order = {
+            self.add_request(p, sp): i for i, (p, sp) in enumerate(zip(prompts, per_prompt, strict=True))
+        }
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        # disable=None: a bar on a terminal, nothing in logs and pipes.
+        with tqdm(total=len(prompts), disable=None if progress else True, desc="generate", unit="req") as bar:
+            while any(r is None for r in results):
+                for rid, out in self.step():
+                    if rid in order:
+                        results[order[rid]] = out
+                        bar.update(1)
+        return results  # type: ignore[return-value]

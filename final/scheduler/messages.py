@@ -1,0 +1,91 @@
+"""What the frontend (API server, shell) and the engine process say to each other.
+
+Frontend -> engine: AddRequest, AbortRequest, StatsQuery, Shutdown.
+Engine -> frontend: StepOutputs (one per step: a RequestDelta per request that got a token, was
+rejected, or failed) and EngineStats (the answer to a StatsQuery).
+The engine sends token ids only; text is the frontend's business (tokenizer, detokenizer, stop
+strings), so the engine never waits on it. Messages are pickled over local ZMQ sockets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.sampling_params import SamplingParams
+
+
+@dataclass
+class AddRequest:
+    rid: int
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class AbortRequest:
+    rid: int
+
+
+@dataclass
+class StatsQuery:
+    query_id: int
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+@dataclass
+class RequestDelta:
+    """New tokens of one request in one step; `finish_reason` set on its last delta.
+    `error` set (and finish_reason "error") when the engine rejected or lost the request."""
+
+    rid: int
+    token_ids: list[int]
+    logprobs: list[dict[str, Any]] | None = None  # one entry per token when asked for
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class StepOutputs:
+    deltas: list[RequestDelta]
+
+
+@dataclass
+class EngineInfo:
+    """What the frontend needs to validate requests before sending them."""
+
+    model_dir: str
+    vocab_size: int
+    max_context: int
+    eos_token_ids: tuple[int, ...]
+    num_pages: int
+    page_size: int
+    device: str
+    dtype: str
+    attn: str
+    cache: str
+
+    @property
+    def kv_capacity(self) -> int:
+        return self.num_pages * self.page_size
+
+
+@dataclass
+class EngineStats:
+    query_id: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_pages: int = 0
+    free_pages: int = 0  # pages on the free list
+    cached_pages: int = 0  # pages the prefix cache holds
+    prompt_tokens: int = 0  # admitted prompt tokens, all requests so far
+    cached_prompt_tokens: int = 0  # of which reused from the prefix cache
+    generated_tokens: int = 0
+    num_preemptions: int = 0
+    num_steps: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,217 @@
+"""The engine process: the model, the scheduler and the KV cache, away from the API's event loop.
+
+The frontend calls `launch_engine`, which spawns a fresh interpreter (multiprocessing "spawn":
+CUDA cannot be used in a forked child) running `engine_main`. The child binds two ZMQ sockets
+in a private temporary folder: requests in (PULL), step outputs out (PUSH), then reports ready
+(or the error that stopped it) over a multiprocessing queue. Its loop drains the request socket,
+runs one step, sends the step's token ids, and blocks only when it has nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from ..core.config import EngineConfig
+from ..core.errors import UserError
+from .engine_core import EngineCore
+from .messages import AbortRequest, AddRequest, EngineInfo, RequestDelta, Shutdown, StatsQuery, StepOutputs
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 500  # how often an idle engine checks that its parent is still alive
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(name)s: %(message)s"
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, force=True)
+
+
+@dataclass
+class EngineProcess:
+    """The frontend's handle on a running engine process."""
+
+    process: mp.process.BaseProcess
+    request_addr: str
+    output_addr: str
+    info: EngineInfo
+    socket_dir: str
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Ask the engine to exit, then make sure it has."""
+        if self.process.is_alive():
+            ctx = zmq.Context.instance()
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(self.request_addr)
+            sock.send_pyobj(Shutdown())
+            sock.close()
+            self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+def set_cpu_threads(device: str) -> None:
+    """On the CPU, leave one core to the frontend process (HTTP, tokenizer, detokenizer). PyTorch's
+    intra-op threads spin while they wait; when they outnumber the free cores, every matmul waits
+    on a descheduled thread, and a step can take 40x longer. OMP_NUM_THREADS, when set, wins."""
+    if device.startswith("cuda") or "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    if device == "auto" and torch.cuda.is_available():
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores - 1))
+    log.info(
+        "engine on the CPU: %d PyTorch threads (%d cores, one left for the frontend)",
+        torch.get_num_threads(),
+        cores,
+    )
+
+
+def launch_engine(
+    config: EngineConfig, model_dir: Path, log_level: str = "info", start_timeout: float = 600.0
+) -> EngineProcess:
+    """Spawn the engine process and wait until its model is loaded; a UserError if it fails."""
+    socket_dir = tempfile.mkdtemp(prefix="final-engine-")  # mode 0700: only this user's processes
+    request_addr, output_addr = f"ipc://{socket_dir}/requests", f"ipc://{socket_dir}/outputs"
+    ctx = mp.get_context("spawn")
+    ready: Any = ctx.Queue()
+    process = ctx.Process(
+        target=engine_main, args=(config, str(model_dir), request_addr, output_addr, ready, log_level),
+        name="final-engine", daemon=True,
+    )  # fmt: skip
+    process.start()
+    deadline = time.monotonic() + start_timeout
+    while True:
+        try:
+            kind, payload = ready.get(timeout=0.5)
+            break
+        except queue.Empty:
+            if not process.is_alive():
+                shutil.rmtree(socket_dir, ignore_errors=True)
+                raise UserError(
+                    f"the engine process exited during start-up (exit code {process.exitcode})"
+                ) from None
+            if time.monotonic() > deadline:
+                process.terminate()
+                shutil.rmtree(socket_dir, ignore_errors=True)
+                raise UserError(f"the engine did not start within {start_timeout:.0f} s") from None
+    if kind != "ready":
+        process.join(10)
+        shutil.rmtree(socket_dir, ignore_errors=True)
+        raise UserError(payload)
+    return EngineProcess(process, request_addr, output_addr, payload, socket_dir)
+
+
+def engine_main(
+    config: EngineConfig, model_dir: str, request_addr: str, output_addr: str, ready: Any, log_level: str
+) -> None:
+    # Ctrl-C in the terminal reaches every process of the group. It is the frontend's to handle
+    # (the shell stops an answer, the server shuts down and then stops us); we ignore it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup_logging(log_level)
+    set_cpu_threads(config.device)
+    parent = os.getppid()
+    try:
+        core = EngineCore(config, Path(model_dir))
+    except UserError as err:
+        ready.put(("error", str(err)))
+        return
+    except Exception as err:  # a crash while loading: report it, with the traceback in the log
+        log.error("engine failed to start:\n%s", traceback.format_exc())
+        ready.put(("error", f"the engine failed to start: {type(err).__name__}: {err}"))
+        return
+    ctx = zmq.Context()
+    requests, outputs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    requests.bind(request_addr)
+    outputs.bind(output_addr)
+    ready.put(("ready", core.info()))
+    try:
+        serve(core, requests, outputs, parent)
+    finally:
+        requests.close(linger=0)
+        outputs.close(linger=1000)
+        ctx.term()
+
+
+def serve(core: EngineCore, requests: zmq.Socket, outputs: zmq.Socket, parent_pid: int) -> None:
+    poller = zmq.Poller()
+    poller.register(requests, zmq.POLLIN)
+    while True:
+        # Block only when idle; with work to do, take whatever has arrived and go on.
+        if not dict(poller.poll(0 if core.has_work() else IDLE_POLL_MS)):
+            if not core.has_work() and os.getppid() != parent_pid:
+                log.info("the frontend is gone; engine exiting")
+                return
+        deltas: list[RequestDelta] = []
+        while True:
+            try:
+                msg = requests.recv_pyobj(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if isinstance(msg, Shutdown):
+                log.info("engine shutting down")
+                return
+            try:
+                reply = handle(core, msg)
+            except Exception as err:  # a bug in handling one message must not stop the engine
+                log.error("engine failed to handle %r:\n%s", msg, traceback.format_exc())
+                rid = getattr(msg, "rid", None)
+                reply = (
+                    None
+                    if rid is None
+                    else RequestDelta(rid, [], finish_reason="error", error=f"{type(err).__name__}: {err}")
+                )
+            if isinstance(reply, RequestDelta):
+                deltas.append(reply)
+            elif reply is not None:
+                outputs.send_pyobj(reply)
+        if core.has_work():
+            try:
+                deltas += core.step()
+            except Exception as err:  # keep serving: fail the requests in flight, not the server
+                log.error("engine step failed:\n%s", traceback.format_exc())
+                deltas += core.fail_all(f"the engine failed: {type(err).__name__}: {err}")
+        if deltas:
+            outputs.send_pyobj(StepOutputs(deltas))
+
+
+def handle(core: EngineCore, msg: object) -> object | None:
+    if isinstance(msg, AddRequest):
+        try:
+            core.add_request(msg.rid, msg.prompt_ids, msg.params)
+        except UserError as err:
+            return RequestDelta(rid=msg.rid, token_ids=[], finish_reason="error", error=str(err))
+        return None
+    if isinstance(msg, AbortRequest):
+        core.abort(msg.rid)
+        return None
+    if isinstance(msg, StatsQuery):
+        stats = core.snapshot(msg.query_id)
+        try:
+            core.check_integrity()
+        except AssertionError as err:  # a bug, not a reason to stop serving: report it loudly
+            log.error("%s", err)
+            stats.extra["integrity_error"] = str(err)
+        return stats
+    log.warning("engine ignoring unknown message %r", msg)
+    return None

@@ -1,0 +1,47 @@
+"""Errors in OpenAI's format: {"error": {"message", "type", "param", "code"}}, with a status code.
+
+Every failure the server can name becomes an APIError; the app's handlers turn it (and FastAPI's
+own 404/405, and anything unexpected, as a 500) into this body, so a client never sees HTML or
+FastAPI's 422 shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+
+class APIError(Exception):
+    def __init__(
+        self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+        code: str | None = None,
+    ):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": "1"} if self.status == 503 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def overloaded(in_flight: int, limit: int) -> APIError:
+    return APIError(
+        503, f"the server is overloaded: {in_flight} requests in flight, the limit is {limit} "
+        f"(--max-running-requests + --max-waiting-requests); retry later",
+        type="server_error", code="server_overloaded",
+    )  # fmt: skip
+
+
+def model_not_found(asked: str, served: str) -> APIError:
+    return APIError(
+        404, f"the model {asked!r} does not exist on this server; it serves {served!r}",
+        param="model", code="model_not_found",
+    )  # fmt: skip

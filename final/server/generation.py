@@ -1,0 +1,157 @@
+"""From a validated request to text deltas: limits, admission, the engine round trip, metrics.
+
+`prepare_prompt` and `admit` raise APIErrors before anything is sent to the engine, so a bad
+request gets a 400 or 503 (never a hung stream). `generate` is one choice of one request: it
+yields OutputDeltas and, however it ends (finished, stop string, client gone, task cancelled),
+releases the request, aborting it in the engine if it is still running there, so its KV pages
+come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from ..core.errors import ContextLengthError, UserError
+from ..core.limits import check_prompt, max_new_tokens
+from ..core.sampling_params import SamplingParams
+from ..frontend.request_state import OutputDelta, RequestState
+from .errors import APIError, bad_request, overloaded
+from .state import ServerState
+
+DISCONNECT_CHECK_S = 0.5  # how often a request checks that its client is still there
+
+
+class ClientGone(Exception):
+    pass
+
+
+def prepare_prompt(
+    state: ServerState, prompt_ids: list[int], params: SamplingParams, max_tokens: int | None
+) -> None:
+    """Check the prompt and settle params.max_tokens: as asked (capped to the context, so the
+    answer ends with "length"), or, when not given, all the room the context and the pool leave."""
+    info = state.info
+    try:
+        check_prompt(prompt_ids, info.max_context, info.vocab_size)
+        room = min(info.max_context, info.kv_capacity) - len(prompt_ids)
+        params.max_tokens = max_tokens if max_tokens is not None else max(room, 1)
+        params.validate()
+        max_new_tokens(prompt_ids, params, info.max_context, info.vocab_size, info.kv_capacity)
+    except UserError as err:
+        code = "context_length_exceeded" if isinstance(err, ContextLengthError) else None
+        raise bad_request(str(err), code=code) from None
+
+
+def admit(state: ServerState, count: int) -> None:
+    in_flight = state.client.num_in_flight
+    if in_flight + count > state.max_in_flight:
+        state.metrics.rejected["overloaded"] += 1
+        raise overloaded(in_flight, state.max_in_flight)
+    if state.client.dead:
+        raise APIError(503, "the engine process has stopped; restart the server", type="server_error",
+                       code="engine_dead")  # fmt: skip
+
+
+def sampling_for_choice(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice i of n: its own random stream (seed + i), so the n choices differ yet a seeded
+    request is still reproducible."""
+    if params.seed is None or index == 0:
+        return params
+    return dataclasses.replace(params, seed=params.seed + index)
+
+
+async def generate(
+    state: ServerState,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    is_disconnected: Callable[[], Awaitable[bool]],
+) -> AsyncIterator[tuple[OutputDelta, RequestState]]:
+    client, metrics = state.client, state.metrics
+    rid, queue = client.submit(prompt_ids, params)
+    request = RequestState(rid, prompt_ids, params, state.tokenizer)
+    last_token_at: float | None = None
+    last_check = time.monotonic()
+    try:
+        while not request.finished:
+            try:
+                delta = await asyncio.wait_for(queue.get(), DISCONNECT_CHECK_S)
+            except asyncio.TimeoutError:
+                delta = None
+            if time.monotonic() - last_check >= DISCONNECT_CHECK_S:
+                last_check = time.monotonic()
+                if await is_disconnected():
+                    raise ClientGone
+            if delta is None:
+                continue
+            out = request.apply(delta)
+            if out is None:
+                continue
+            now = time.perf_counter()
+            for _ in out.token_ids:
+                if last_token_at is None:
+                    metrics.ttft.observe(now - request.arrival)
+                else:
+                    metrics.itl.observe(now - last_token_at)
+                last_token_at = now
+            metrics.generation_tokens += len(out.token_ids)
+            yield out, request
+    finally:
+        # Still running in the engine: the client went away, the task was cancelled, or a stop
+        # string ended it. Abort it there so its pages return to the pool.
+        engine_still_has_it = not request.finished or request.needs_abort
+        client.release(rid, abort=engine_still_has_it)
+        if request.finished:
+            metrics.finished[request.output.finish_reason or "unknown"] += 1
+            metrics.prompt_tokens += len(prompt_ids)
+            metrics.e2e.observe(time.perf_counter() - request.arrival)
+        else:
+            metrics.finished["abort"] += 1
+
+
+@dataclasses.dataclass
+class Job:
+    """One choice to generate: its index in the response, its prompt and its sampling params."""
+
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+async def generate_many(
+    state: ServerState, jobs: list[Job], is_disconnected: Callable[[], Awaitable[bool]]
+) -> AsyncIterator[tuple[int, OutputDelta, RequestState]]:
+    """Every job run concurrently, their deltas interleaved as they come: (index, delta, state)."""
+    if len(jobs) == 1:
+        job = jobs[0]
+        async for out, request in generate(state, job.prompt_ids, job.params, is_disconnected):
+            yield job.index, out, request
+        return
+    merged: asyncio.Queue[tuple[int, OutputDelta, RequestState] | Exception | None] = asyncio.Queue()
+
+    async def pump(job: Job) -> None:
+        try:
+            async for out, request in generate(state, job.prompt_ids, job.params, is_disconnected):
+                await merged.put((job.index, out, request))
+        except Exception as err:  # handed to the consumer, which re-raises it
+            await merged.put(err)
+            return
+        await merged.put(None)
+
+    tasks = [asyncio.create_task(pump(job)) for job in jobs]
+    try:
+        done = 0
+        while done < len(jobs):
+            item = await merged.get()
+            if item is None:
+                done += 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,21 @@
+"""Everything a request handler needs, built once when the server starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..frontend.client import AsyncEngineClient
+from ..frontend.tokenizer import Tokenizer
+from ..scheduler.messages import EngineInfo
+from .metrics import Metrics
+
+
+@dataclass
+class ServerState:
+    tokenizer: Tokenizer
+    client: AsyncEngineClient
+    info: EngineInfo
+    served_model_name: str
+    accepted_model_names: set[str]  # what `model` may say: the served name, the --model value
+    max_in_flight: int  # --max-running-requests + --max-waiting-requests
+    metrics: Metrics = field(default_factory=Metrics)

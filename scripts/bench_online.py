@@ -1,0 +1,235 @@
+"""Online benchmark: Poisson arrivals against a running server; TTFT, ITL and throughput.
+
+    python -m final --model /path/to/model &            # any OpenAI-compatible server
+    python scripts/bench_online.py --url http://127.0.0.1:1919 --rates 1,2,4,8,inf
+    python scripts/bench_online.py --scale 0.02 --rates 2,inf   # a CPU smoke run in a minute
+
+The workload is `online` from stages/common/workloads.py: the offline benchmark's requests
+(random token ids, input and output lengths uniform in [100, 1024] at scale 1, `ignore_eos`,
+temperature 0.6), arriving as a Poisson process at each rate (requests per second; `inf` sends
+them all at once). Each request streams from /v1/completions. Per rate we measure
+
+    ttft_ms     time from sending a request to its first streamed token
+    itl_ms      time between consecutive streamed chunks of a request (one token each, as a rule)
+    tpot_ms     per request, (last token - first token) / (tokens - 1)
+    e2e_ms      time from sending a request to its last token
+    output_tok_per_s, requests_per_s over the whole run
+
+and write one JSON result per rate into --out-dir (benchmarks/README.md's schema), named
+`<name>_rate<R>`; `name` defaults to final_online_<device>. One warm-up request precedes each rate
+and is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+try:
+    import httpx
+except ImportError:  # the GPU host's offline kit ships httpx2 (what openai itself uses), not httpx
+    import httpx2 as httpx  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from stages.common import hardware, workloads  # noqa: E402
+
+
+@dataclass
+class Record:
+    sent: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.sent
+
+    @property
+    def e2e(self) -> float:
+        return self.chunk_times[-1] - self.sent
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+async def send(
+    http: httpx.AsyncClient, url: str, model: str, item: workloads.WorkItem, record: Record
+) -> None:
+    body = {
+        "model": model, "prompt": item.prompt_ids, "max_tokens": item.params.max_tokens,
+        "temperature": item.params.temperature, "ignore_eos": item.params.ignore_eos, "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    record.sent = time.perf_counter()
+    try:
+        async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                record.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    record.error = chunk["error"]["message"]
+                    return
+                if chunk.get("usage"):
+                    record.completion_tokens = chunk["usage"]["completion_tokens"]
+                if chunk["choices"] and chunk["choices"][0]["text"]:
+                    record.chunk_times.append(time.perf_counter())
+    except httpx.HTTPError as err:
+        record.error = f"{type(err).__name__}: {err}"
+    if not record.chunk_times and record.error is None:
+        record.error = "no token streamed"
+
+
+async def run_rate(url: str, model: str, load: workloads.Workload) -> tuple[list[Record], float]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as http:
+        warm = load.items[0]
+        await send(http, url, model, warm, Record())
+        records = [Record() for _ in load.items]
+        start = time.perf_counter()
+
+        async def at(item: workloads.WorkItem, record: Record) -> None:
+            await asyncio.sleep(max(0.0, start + item.arrival_s - time.perf_counter()))
+            await send(http, url, model, item, record)
+
+        await asyncio.gather(*(at(it, r) for it, r in zip(load.items, records, strict=True)))
+        return records, time.perf_counter() - start
+
+
+def summarize(records: list[Record], duration: float) -> dict[str, float]:
+    done = [r for r in records if r.error is None]
+    ttft = [r.ttft * 1e3 for r in done]
+    itl = [(b - a) * 1e3 for r in done for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
+    tpot = [
+        (r.chunk_times[-1] - r.chunk_times[0]) * 1e3 / (r.completion_tokens - 1)
+        for r in done
+        if r.completion_tokens > 1
+    ]
+    e2e = [r.e2e * 1e3 for r in done]
+    tokens = sum(r.completion_tokens for r in done)
+    metrics: dict[str, float] = {
+        "output_tok_per_s": tokens / duration,
+        "ttft_ms_p50": percentile(ttft, 50),
+        "itl_ms_p50": percentile(itl, 50),
+        "ttft_ms_p99": percentile(ttft, 99),
+        "itl_ms_p99": percentile(itl, 99),
+        "ttft_ms_mean": statistics.fmean(ttft) if ttft else float("nan"),
+        "ttft_ms_p90": percentile(ttft, 90),
+        "itl_ms_mean": statistics.fmean(itl) if itl else float("nan"),
+        "itl_ms_p90": percentile(itl, 90),
+        "tpot_ms_mean": statistics.fmean(tpot) if tpot else float("nan"),
+        "tpot_ms_p50": percentile(tpot, 50),
+        "tpot_ms_p99": percentile(tpot, 99),
+        "e2e_ms_p50": percentile(e2e, 50),
+        "e2e_ms_p99": percentile(e2e, 99),
+        "requests_per_s": len(done) / duration,
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "output_tokens": tokens,
+        "duration_s": duration,
+    }
+    # JSON has no NaN: a metric nobody measured (one-token answers have no ITL) is left out.
+    return {k: v for k, v in metrics.items() if not math.isnan(v)}
+
+
+def rate_label(rate: float) -> str:
+    return "inf" if math.isinf(rate) else f"{rate:g}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--url", default="http://127.0.0.1:1919", help="the server's base URL")
+    p.add_argument(
+        "--rates", default="1,2,4,8,inf", help="comma-separated request rates per second; inf: all at once"
+    )
+    p.add_argument(
+        "--scale", type=float, default=1.0, help="shrinks request count and lengths (0.02 for a CPU)"
+    )
+    p.add_argument("--num-requests", type=int, default=None, help="requests per rate (default: 256 x scale)")
+    p.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    p.add_argument(
+        "--out-dir", type=Path, default=ROOT / "benchmarks" / "results", help="where the JSON results go"
+    )
+    p.add_argument("--name", default=None, help="result name prefix (default: final_online_<device>)")
+    p.add_argument("--stage", default="final", help="the `stage` recorded in the results")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",")]
+    model_card = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]
+    model, vocab = model_card["id"], int(model_card.get("vocab_size") or workloads.MAX_TOKEN_ID + 1)
+    info = hardware.describe()
+    device = (info["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "-")
+    name = args.name or f"final_online_{device}"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    status = 0
+    for rate in rates:
+        wanted = args.num_requests or workloads.scaled(256, args.scale)
+        # The workload scales its request count; ask for enough, then keep the first `wanted`.
+        load = workloads.online(
+            rate, vocab, args.seed, args.scale, num_requests=math.ceil(wanted / args.scale)
+        )
+        load.items = load.items[:wanted]
+        records, duration = asyncio.run(run_rate(args.url, model, load))
+        metrics = summarize(records, duration)
+        failures = [r.error for r in records if r.error]
+        result: dict[str, Any] = {
+            "name": f"{name}_rate{rate_label(rate)}",
+            "stage": args.stage,
+            "workload": "online",
+            "metrics": metrics,
+            "config": {
+                "rate": rate_label(rate),
+                "scale": args.scale,
+                "num_requests": len(load.items),
+                "seed": args.seed,
+                "model": model,
+                **{k: v for k, v in load.settings.items() if k != "rate"},
+            },  # fmt: skip
+            "hardware": info,
+            "versions": hardware.versions(),
+            "command": "python "
+            + " ".join(["scripts/bench_online.py", *(argv if argv is not None else sys.argv[1:])]),
+            "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        path = args.out_dir / f"{result['name']}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(
+            f"rate {rate_label(rate):>5}: {metrics['completed']:.0f}/{len(records)} ok, "
+            f"{metrics.get('output_tok_per_s', 0):.1f} tok/s, TTFT p50 {metrics.get('ttft_ms_p50', float('nan')):.1f} ms, "
+            f"ITL p50 {metrics.get('itl_ms_p50', float('nan')):.1f} ms -> {path}",
+            flush=True,
+        )
+        if failures:
+            print(f"  {len(failures)} failed, e.g. {failures[0]}", file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Workload generators and the bench harness: seeded workloads of the promised shape, a driver
+that respects arrival times and turn order, and result files in the schema the docs render."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.render_results import parse_result
+from stages.common import bench
+from stages.common import workloads as wl
+from stages.common.outputs import RequestOutput
+from stages.common.sampling import SamplingParams
+from tests.stage_list import ROOT
+
+VOCAB = 49152  # SmolLM2's: above 10000, so ids are Nano-vLLM's
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads
+
+
+@pytest.mark.parametrize("name", sorted(wl.WORKLOADS))
+def test_workloads_are_deterministic_for_a_seed(name):
+    a, b = wl.make_workload(name, VOCAB, seed=3, scale=0.1), wl.make_workload(name, VOCAB, seed=3, scale=0.1)
+    assert a.items == b.items
+    assert wl.make_workload(name, VOCAB, seed=4, scale=0.1).items != a.items
+
+
+def test_offline_is_nano_vllms_benchmark_at_scale_1():
+    w = wl.offline(VOCAB)
+    assert w.num_requests == 256
+    assert all(100 <= len(it.prompt_ids) <= 1024 and 100 <= it.params.max_tokens <= 1024 for it in w.items)
+    assert all(0 <= t <= 10_000 for it in w.items for t in it.prompt_ids)
+    assert all(it.arrival_s == 0 and it.params.ignore_eos and it.params.temperature == 0.6 for it in w.items)
+    # Nano-vLLM's bench.py reports 133,966 output tokens for its seed-0 workload.
+    assert w.max_output_tokens == 133_966
+
+
+def test_scale_shrinks_counts_and_lengths_and_vocab_bounds_ids():
+    w = wl.offline(vocab_size=300, scale=0.05)
+    assert w.num_requests == 13
+    assert all(5 <= len(it.prompt_ids) <= 51 and 5 <= it.params.max_tokens <= 51 for it in w.items)
+    assert max(t for it in w.items for t in it.prompt_ids) < 300
+    lat = wl.latency(VOCAB, scale=0.25)
+    (item,) = lat.items
+    assert len(item.prompt_ids) == 128 and item.params.max_tokens == 32 and item.params.greedy
+    long = wl.long_prompt(VOCAB, scale=0.05)
+    longs = [it for it in long.items if it.group == 1]
+    assert longs and all(819 <= len(it.prompt_ids) <= 1638 for it in longs)
+    assert [it.arrival_s for it in longs] == pytest.approx([0.1 * (i + 1) for i in range(len(longs))])
+    assert all(len(it.prompt_ids) == 3 and it.arrival_s == 0 for it in long.items if it.group == 0)
+
+
+def test_shared_prefix_groups_share_a_system_prompt_and_turns_extend_each_other():
+    w = wl.shared_prefix(VOCAB, scale=0.25)
+    prefix = w.settings["prefix_len"]
+    grouped = [it for it in w.items if it.group is not None]
+    assert len(grouped) == 4 * 4
+    by_group: dict[int, list[list[int]]] = {}
+    for it in grouped:
+        by_group.setdefault(it.group, []).append(it.prompt_ids)
+    heads = {g: {tuple(p[:prefix]) for p in prompts} for g, prompts in by_group.items()}
+    assert all(len(h) == 1 for h in heads.values())  # one system prompt per group
+    assert len({next(iter(h)) for h in heads.values()}) == len(heads)  # and a different one each
+    sessions = [it for it in w.items if it.session is not None]
+    assert len(sessions) == 4 * 4
+    for s in range(4):
+        turns = sorted((it for it in sessions if it.session == s), key=lambda it: it.turn)
+        for before, after in zip(turns, turns[1:], strict=False):
+            assert after.follows_previous_turn
+            grown = len(before.prompt_ids) + w.settings["reply_len"] + w.settings["message_len"]
+            assert after.prompt_ids[: len(before.prompt_ids)] == before.prompt_ids
+            assert len(after.prompt_ids) == grown
+
+
+def test_no_sharing_has_the_same_shape_and_shares_nothing():
+    shared, unshared = wl.shared_prefix(VOCAB, scale=0.25), wl.no_sharing(VOCAB, scale=0.25)
+    assert [len(it.prompt_ids) for it in shared.items] == [len(it.prompt_ids) for it in unshared.items]
+    assert [(it.group, it.session, it.turn, it.arrival_s) for it in shared.items] == [
+        (it.group, it.session, it.turn, it.arrival_s) for it in unshared.items
+    ]
+    heads = [tuple(it.prompt_ids[:8]) for it in unshared.items]
+    assert len(set(heads)) == len(heads)
+
+
+def test_online_arrivals_are_poisson_at_the_rate():
+    w = wl.online(rate=8.0, vocab_size=VOCAB)
+    times = [it.arrival_s for it in w.items]
+    assert times == sorted(times) and times[0] > 0
+    mean_gap = times[-1] / len(times)
+    assert mean_gap == pytest.approx(1 / 8.0, rel=0.2)
+    assert [it.prompt_ids for it in w.items] == [it.prompt_ids for it in wl.offline(VOCAB).items]
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver and the metrics, on a fake engine
+
+
+class OneStepEngine:
+    """Finishes every request one step after it was added; each step takes `step_s`."""
+
+    def __init__(self, step_s: float = 0.01):
+        self.step_s, self.queue, self.added, self.next_rid = step_s, [], [], 0
+
+    def add_request(self, prompt: list[int], params: SamplingParams) -> int:
+        self.queue.append((self.next_rid, prompt, time.perf_counter()))
+        self.added.append(prompt)
+        self.next_rid += 1
+        return self.next_rid - 1
+
+    def has_unfinished(self) -> bool:
+        return bool(self.queue)
+
+    def step(self) -> list[tuple[int, RequestOutput]]:
+        time.sleep(self.step_s)
+        done, self.queue = self.queue, []
+        now = time.perf_counter()
+        return [
+            (
+                rid,
+                RequestOutput(
+                    prompt, [1, 2], ttft_s=now - t0, latency_s=now - t0, token_times=[now - t0] * 2
+                ),
+            )
+            for rid, prompt, t0 in done
+        ]
+
+
+def test_driver_sends_a_turn_only_after_the_previous_one_finished():
+    params = SamplingParams(max_tokens=2)
+    items = [
+        wl.WorkItem(0.0, [1], params, session=0, turn=0),
+        wl.WorkItem(0.0, [1, 2], params, session=0, turn=1),
+        wl.WorkItem(0.0, [1, 2, 3], params, session=0, turn=2),
+        wl.WorkItem(0.05, [9], params),
+    ]
+    engine = OneStepEngine()
+    records, total_s = bench.drive(engine, wl.Workload("t", items, 0, 1.0), progress=False)
+    assert engine.added[:3] == [[1], [1, 2], [1, 2, 3]]  # turn order kept
+    by_prompt = {tuple(r.item.prompt_ids): r for r in records}
+    for a, b in [((1,), (1, 2)), ((1, 2), (1, 2, 3))]:
+        assert by_prompt[b].submitted_s >= by_prompt[a].finished_s
+    late = by_prompt[(9,)]
+    assert late.scheduled_s == 0.05 and late.submitted_s >= 0.05  # not sent before it arrives
+    assert total_s == pytest.approx(max(r.finished_s for r in records))
+
+
+def test_serial_engine_counts_queueing_in_ttft():
+    class Generate:
+        def generate(self, prompts, params):
+            time.sleep(0.02)
+            return [RequestOutput(prompts[0], [5], ttft_s=0.02, latency_s=0.02, token_times=[0.02])]
+
+    engine = bench.SerialEngine(Generate())
+    p = SamplingParams(max_tokens=1)
+    engine.add_request([1], p), engine.add_request([2], p)
+    first, second = engine.step()[0][1], engine.step()[0][1]
+    assert first.ttft_s == pytest.approx(0.02, abs=0.01)
+    assert second.ttft_s >= 0.04 and second.token_times == [second.ttft_s]
+
+
+def test_percentile_matches_linear_interpolation():
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert bench.percentile(values, 50) == 2.5
+    assert bench.percentile(values, 99) == pytest.approx(3.97)
+    assert bench.percentile([7.0], 99) == 7.0
+
+
+def test_engine_args_parse_numbers_and_strings():
+    parsed = bench.parse_engine_args(
+        ["attn=fi", "page_size=16", "memory_ratio=0.8", "max-running-requests=4"]
+    )
+    assert parsed == {"attn": "fi", "page_size": 16, "memory_ratio": 0.8, "max_running_requests": 4}
+    assert bench.default_name("stages.02_paged_kv", "offline", "cpu") == "stage02_offline_cpu"
+
+
+def test_the_parent_process_stays_light():
+    assert bench.WORKLOAD_NAMES == tuple(wl.WORKLOADS)
+    # Every run starts two interpreters: the parent must not pay for importing torch too.
+    code = "import sys, stages.common.bench; assert 'torch' not in sys.modules, 'bench imports torch'"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: a fresh process per run, a result file the docs can render
+
+
+def run_bench(tmp_path: Path, model: Path, *args: str) -> dict:
+    cmd = [sys.executable, "-m", "stages.common.bench", "--model", str(model), "--device", "cpu"]
+    cmd += ["--out", str(tmp_path), "--no-progress", "--name", "t_run", "--threads", "1", *args]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "t_run.json"
+    data = json.loads(path.read_text())
+    parse_result(data, path.name)  # the schema of benchmarks/README.md, as the renderer checks it
+    assert data["hardware"]["gpu"] is None and data["versions"]["torch"]
+    assert data["command"].startswith("python -m stages.common.bench ") and "--child" not in data["command"]
+    return data
+
+
+@pytest.mark.parametrize(
+    ("engine", "workload", "scale"),
+    [
+        ("stages.02_paged_kv", "offline", "0.02"),
+        ("stages.01_naive_generate", "latency", "0.1"),
+        ("hf", "latency", "0.1"),
+    ],
+)
+def test_harness_end_to_end(tmp_path, tiny_qwen3_dir, engine, workload, scale):
+    data = run_bench(tmp_path, tiny_qwen3_dir, "--engine", engine, "--workload", workload, "--scale", scale)
+    assert data["stage"] == engine.removeprefix("stages.") and data["workload"] == workload
+    assert data["config"]["scale"] == float(scale) and data["config"]["dtype"] == "float32"
+    assert data["config"]["threads"] == 1 and data["config"]["device"] == "cpu"
+    metrics = data["metrics"]
+    if workload == "offline":
+        w = wl.offline(512, scale=float(scale))
+        assert metrics["requests"] == w.num_requests and metrics["output_tokens"] == w.max_output_tokens
+        keys = ["output_tok_per_s", "total_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99"]
+    else:
+        assert metrics["prompt_tokens"] == 51 and metrics["output_tokens"] == 13
+        keys = ["decode_step_ms", "ttft_ms", "decode_tok_per_s", "prefill_tok_per_s", "total_s"]
+    assert list(metrics)[: len(keys)] == keys  # the first four are what the docs plot
+    assert all(metrics[k] > 0 for k in keys)

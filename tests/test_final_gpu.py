@@ -1,0 +1,168 @@
+"""final/ on a CUDA GPU: FlashInfer (`--attn fi`) against the torch reference, offline and behind
+the server, on a tiny checkpoint, the Qwen3-0.6B-shaped one and the default model; and the online
+benchmark against a GPU server. Every engine here gets an explicit pool size, because several
+share the GPU (the pytest process and the server subprocesses)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import final
+from final.core.sampling_params import SamplingParams
+from scripts.render_results import parse_result
+from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
+from tests.test_final_server import USER, Server
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[1]
+JIT_TIMEOUT_S = 900  # FlashInfer compiles each kernel on its first use (about a minute each on Hopper)
+POOL_TOKENS = 65536
+
+
+@pytest.fixture(scope="module")
+def gpu_model_dir(tmp_path_factory):
+    # FlashInfer's kernels are compiled for head_dim 64, 128 and 256: use 128 (Qwen3's).
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("gpu_qwen3"), "qwen3", head_dim=128)
+
+
+@pytest.fixture(scope="module")
+def qwen3_06b_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qwen3_06b") / "ckpt"
+    subprocess.run([sys.executable, "scripts/make_random_checkpoint.py", "--shape", "qwen3-0.6b", "--out", str(out)],
+                   cwd=ROOT, check=True)  # fmt: skip
+    return out
+
+
+def gpu_llm(model_dir, attn: str, page_size: int = 16, num_pages: int | None = None) -> final.LLM:
+    return final.LLM(str(model_dir), device="cuda", dtype="bfloat16", attn=attn, page_size=page_size,
+                     num_pages=num_pages or POOL_TOKENS // page_size)  # fmt: skip
+
+
+def full_logprobs(entry: dict, vocab: int) -> torch.Tensor:
+    out = torch.full((vocab,), float("nan"))
+    out[torch.tensor(entry["top_ids"])] = torch.tensor(entry["top_logprobs"])
+    return out
+
+
+def assert_pool_is_whole(llm: final.LLM) -> None:
+    assert not llm.core.has_work()
+    assert llm.core.kv.num_free_pages == llm.core.kv.num_pages
+    llm.core.check_integrity()
+
+
+@pytest.mark.parametrize("attn", ["fi", "torch,fi", "fi,torch"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_flashinfer_matches_torch(gpu_model_dir, attn, page_size):
+    prompts = sample_prompts(gpu_model_dir, n=8, seed=13)
+    outs = {}
+    for backend in ("torch", attn):
+        llm = gpu_llm(gpu_model_dir, backend, page_size)
+        vocab = llm.config.vocab_size
+        outs[backend] = llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=vocab)
+        )
+        assert_pool_is_whole(llm)
+        del llm
+        gc.collect()  # the engine's objects refer to each other: free the GPU memory now
+        torch.cuda.empty_cache()
+    for ref, got in zip(outs["torch"], outs[attn], strict=True):
+        assert got.token_ids[:4] == ref.token_ids[:4]
+        for step in range(2):  # the prefill step and the first decode step
+            torch.testing.assert_close(
+                full_logprobs(got.logprobs[step], vocab),
+                full_logprobs(ref.logprobs[step], vocab),
+                atol=0.1,
+                rtol=0,
+            )
+
+
+def test_flashinfer_on_qwen3_06b_shape(qwen3_06b_dir):
+    prompts = [list(range(100 + i, 100 + i + n)) for i, n in enumerate([17, 250, 1024, 3, 600, 64])]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=64)
+    outs = {}
+    for attn in ("torch", "fi"):
+        llm = gpu_llm(qwen3_06b_dir, attn)
+        outs[attn] = llm.generate(prompts, params)
+        assert_pool_is_whole(llm)
+        del llm
+        gc.collect()  # the engine's objects refer to each other: free the GPU memory now
+        torch.cuda.empty_cache()
+    for ref, fi in zip(outs["torch"], outs["fi"], strict=True):
+        assert len(fi.token_ids) == 24 and fi.finish_reason == "length"
+        # Random weights give nearly flat distributions: compare the distributions, not argmaxes.
+        a, b = fi.logprobs[0], ref.logprobs[0]
+        common = set(a["top_ids"][:8]) & set(b["top_ids"][:8])
+        assert len(common) >= 4
+        lp_a = dict(zip(a["top_ids"], a["top_logprobs"], strict=True))
+        lp_b = dict(zip(b["top_ids"], b["top_logprobs"], strict=True))
+        assert all(abs(lp_a[t] - lp_b[t]) < 0.05 for t in common)
+
+
+def test_flashinfer_with_preemption(gpu_model_dir):
+    prompts = sample_prompts(gpu_model_dir, n=6, seed=14)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    ample = gpu_llm(gpu_model_dir, "fi").generate(prompts, params)
+    tight = gpu_llm(gpu_model_dir, "fi", num_pages=8)
+    squeezed = tight.generate(prompts, params)
+    assert tight.core.scheduler.num_preemptions > 0
+    assert_pool_is_whole(tight)
+    # bf16 batches of different composition may round differently: compare the first tokens.
+    assert [o.token_ids[:8] for o in ample] == [o.token_ids[:8] for o in squeezed]
+
+
+def test_auto_picks_flashinfer_on_cuda(gpu_model_dir):
+    llm = final.LLM(str(gpu_model_dir), num_pages=1024)
+    assert llm.core.device.type == "cuda" and llm.core.runner.backend.name == "fi"
+
+
+@pytest.fixture(scope="module")
+def gpu_servers(default_model_dir, tmp_path_factory):
+    """The default model served on the GPU with each backend."""
+    servers = {}
+    try:
+        for attn in ("torch", "fi"):
+            log = tmp_path_factory.mktemp(f"gpu_server_{attn}") / "server.log"
+            servers[attn] = Server(default_model_dir, log, "--device", "cuda", "--attn", attn, "--num-pages", "16384",
+                                   "--page-size", "16", "--log-level", "warning")  # fmt: skip
+        yield servers
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+def test_server_on_gpu_fi_against_torch(gpu_servers):
+    answers = {}
+    for attn, server in gpu_servers.items():
+        client = server.client(timeout=JIT_TIMEOUT_S)
+        kw = {"model": "SmolLM2-135M-Instruct", "messages": USER, "max_tokens": 24, "temperature": 0}
+        whole = client.chat.completions.create(**kw).choices[0].message.content
+        streamed = "".join(
+            c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+        )
+        assert streamed == whole and "Paris" in whole
+        answers[attn] = whole
+        server.wait_for_idle_pool()
+    # Same greedy answer from both backends (bf16, a short coherent answer: no near-ties expected).
+    assert answers["fi"] == answers["torch"]
+
+
+def test_bench_online_on_gpu(gpu_servers, tmp_path):
+    server = gpu_servers["fi"]
+    proc = subprocess.run(
+        [sys.executable, "scripts/bench_online.py", "--url", server.url, "--rates", "8,inf", "--scale", "0.05",
+         "--out-dir", str(tmp_path), "--name", "final_online_gputest"],
+        cwd=ROOT, capture_output=True, text=True, timeout=JIT_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for path in sorted(tmp_path.glob("*.json")):
+        record = parse_result(json.loads(path.read_text()), path.name)
+        assert record.metrics["failed"] == 0 and record.metrics["completed"] > 0
+        assert record.hardware["gpu"]

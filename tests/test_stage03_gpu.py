@@ -1,0 +1,148 @@
+"""Stage 03 on a GPU with FlashInfer: the radix cache gives the outputs of the naive cache.
+
+bf16 batches of different shapes round differently, so we compare the first greedy tokens and
+the full log-probability distributions with a loose tolerance, as test_stage02_gpu.py does. The
+tiny checkpoints get head_dim 128 here: FlashInfer's kernels are built for the head sizes real
+models use.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.common.sampling import SamplingParams
+from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
+from tests.stage_list import load
+
+pytestmark = pytest.mark.gpu
+
+stage03 = load("stages.03_radix_cache")
+
+STEPS = 6  # tokens generated per request
+COMPARED_TOKENS = 4  # greedy tokens that must agree exactly
+ATOL = 0.1  # on log-probabilities, bf16
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def gpu_model_dir(request, tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp(f"gpu_{request.param}"), request.param, head_dim=128)
+
+
+def sharing_prompts(model_dir) -> list[list[int]]:
+    base = sample_prompts(model_dir, n=8, seed=31)
+    system = (base[1] * 2)[:48]
+    prompts = [system + p[:12] for p in base[2:7]]
+    return prompts + [prompts[0], prompts[3], system, base[0], base[7]]
+
+
+def full_logprobs(entry: dict, vocab: int) -> torch.Tensor:
+    out = torch.full((vocab,), float("nan"))
+    out[torch.tensor(entry["top_ids"])] = torch.tensor(entry["top_logprobs"])
+    return out
+
+
+def serve(llm, prompts, arrivals, params) -> list:
+    """Add prompts[i] at step arrivals[i], check the page accounting after every step."""
+    ids, outputs, step = {}, {}, 0
+    while len(outputs) < len(prompts):
+        for i, at in enumerate(arrivals):
+            if at == step:
+                ids[llm.add_request(prompts[i], params)] = i
+        for rid, out in llm.step():
+            outputs[ids[rid]] = out
+        llm.scheduler.check_integrity()
+        step += 1
+        assert step < 5000
+    return [outputs[i] for i in range(len(prompts))]
+
+
+def assert_close_outputs(ours, reference, vocab: int) -> None:
+    for a, b in zip(ours, reference, strict=True):
+        assert a.token_ids[:COMPARED_TOKENS] == b.token_ids[:COMPARED_TOKENS]
+        for step in range(2):  # the prefill step (from the cached prefix) and the first decode step
+            torch.testing.assert_close(
+                full_logprobs(a.logprobs[step], vocab),
+                full_logprobs(b.logprobs[step], vocab),
+                atol=ATOL,
+                rtol=0,
+            )
+
+
+def record_evictions(llm) -> list[int]:
+    """Wrap the cache's evict to collect the pages it drops."""
+    evicted: list[int] = []
+    evict = llm.scheduler.cache.evict
+
+    def recording(num_pages: int) -> list[int]:
+        freed = evict(num_pages)
+        evicted.extend(freed)
+        return freed
+
+    llm.scheduler.cache.evict = recording
+    return evicted
+
+
+def make(model_dir, **kwargs):
+    return stage03.LLM(str(model_dir), device="cuda", dtype="bfloat16", **kwargs)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_radix_matches_naive_with_flashinfer(gpu_model_dir, page_size):
+    prompts = sharing_prompts(gpu_model_dir)
+    arrivals = [0, 0, 1, 1, 2, 4, 4, 6, 9, 9]
+    outs = {}
+    for cache in ("naive", "radix"):
+        llm = make(gpu_model_dir, attn="fi", page_size=page_size, cache=cache)
+        vocab = llm.config.vocab_size
+        outs[cache] = serve(llm, prompts, arrivals, SamplingParams(temperature=0, max_tokens=STEPS,
+                                                                  ignore_eos=True, logprobs=vocab))  # fmt: skip
+    assert sum(o.cached_tokens for o in outs["radix"]) >= 5 * 32, "the prompts were meant to share"
+    assert_close_outputs(outs["radix"], outs["naive"], vocab)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_flashinfer_prefill_over_a_cached_prefix_matches_torch(gpu_model_dir, page_size):
+    """A radix hit makes FlashInfer prefill queries that start after the cached keys; the torch
+    backend is the reference for that causal alignment."""
+    prompts = sharing_prompts(gpu_model_dir)
+    outs = {}
+    for attn in ("torch", "fi"):
+        llm = make(gpu_model_dir, attn=attn, page_size=page_size)
+        vocab = llm.config.vocab_size
+        params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logprobs=vocab)
+        llm.generate(prompts[:1], params)  # the system prompt and a question are cached now
+        outs[attn] = llm.generate(prompts[1:], params)
+        assert all(o.cached_tokens >= 32 for o in outs[attn][:-2])
+    assert_close_outputs(outs["fi"], outs["torch"], vocab)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_full_prefix_hit_with_flashinfer(gpu_model_dir, page_size):
+    prompt = sample_prompts(gpu_model_dir, n=2, seed=32)[1]
+    llm = make(gpu_model_dir, attn="fi", page_size=page_size)
+    vocab = llm.config.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logprobs=vocab)
+    first = llm.generate([prompt], params)[0]
+    second = llm.generate([prompt], params)[0]
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == (len(prompt) - 1) // page_size * page_size
+    assert_close_outputs([second], [first], vocab)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_eviction_pressure_with_flashinfer(gpu_model_dir, page_size):
+    prompts = sharing_prompts(gpu_model_dir) * 2
+    longest = max(len(p) for p in prompts) + STEPS
+    arrivals = [i // 3 for i in range(len(prompts))]
+    outs = {}
+    for cache in ("naive", "radix"):
+        llm = make(gpu_model_dir, attn="fi", page_size=page_size, cache=cache,
+                   num_pages=-(-2 * longest // page_size) + 4)  # fmt: skip
+        vocab = llm.config.vocab_size
+        evicted = record_evictions(llm)
+        outs[cache] = serve(llm, prompts, arrivals, SamplingParams(temperature=0, max_tokens=STEPS,
+                                                                  ignore_eos=True, logprobs=vocab))  # fmt: skip
+        if cache == "radix":
+            assert evicted, "the pool was meant to run dry and evict"
+    assert_close_outputs(outs["radix"], outs["naive"], vocab)
