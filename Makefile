@@ -83,6 +83,16 @@ bench-gpu:
 	$(BENCH_GPU) --engine stages.02_paged_kv --workload offline --engine-arg attn=fi --name stage02_offline_fi_$(GPU_TAG)
 	$(BENCH_GPU) --engine stages.02_paged_kv --workload offline --scale 0.25 --engine-arg attn=fi --name stage02_offline_fi_s025_$(GPU_TAG)
 	$(BENCH_GPU) --engine stages.02_paged_kv --workload offline --scale 0.25 --engine-arg attn=torch --name stage02_offline_torch_s025_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.03_radix_cache --workload shared-prefix --engine-arg attn=fi --engine-arg page_size=16 --name stage03_shared_prefix_radix_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.03_radix_cache --workload shared-prefix --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cache=naive --name stage03_shared_prefix_naive_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.03_radix_cache --workload no-sharing --engine-arg attn=fi --engine-arg page_size=16 --name stage03_no_sharing_radix_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.03_radix_cache --workload no-sharing --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cache=naive --name stage03_no_sharing_naive_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=2048 --name stage04_long_prompt_mixed_2048_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=8192 --name stage04_long_prompt_mixed_8192_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_8192_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=65536 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_unchunked_$(GPU_TAG)
+	$(BENCH_GPU) --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name final_offline_fi_$(GPU_TAG)
+	bash scripts/bench_final_online.sh $(GPU_MODEL) benchmarks/results/$(GPU_TAG) final_online_$(GPU_TAG)
 	$(GPU_PY) scripts/render_results.py
 
 # On a CUDA host: the GPU-marked tests; any skip is a failure there.
