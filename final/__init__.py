@@ -20,10 +20,11 @@ Packages, and the one direction imports flow (a test enforces it; no cycles):
     shell/      the interactive chat
     llm.py      the offline LLM class; args.py the command line; __main__.py the entry point
 
-Ported from the stages so far: 01 (generate loop) and 02 (paged KV, continuous batching, torch
-and FlashInfer backends). The prefix cache, chunked prefill, CUDA graphs, overlap scheduling and
-tensor parallelism slot into kvcache/prefix_cache.py, scheduler/scheduler.py, engine/ and a
-distributed/ package as their stages land; their flags exist already.
+Ported from the stages so far: 01 (generate loop), 02 (paged KV, continuous batching, torch
+and FlashInfer backends), 03 (the radix prefix cache, the default `--cache`) and 04 (chunked
+prefill, `--max-prefill-length` and `--chunk-policy`). CUDA graphs, overlap scheduling and tensor
+parallelism slot into engine/ and a distributed/ package as their stages land; their flags exist
+already.
 """
 
 from .core.outputs import RequestOutput

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from .core.config import EngineConfig
+from .core.config import CHUNK_POLICIES, EngineConfig
 from .kvcache import PREFIX_CACHES
 
 DEFAULT_HOST = "127.0.0.1"  # loopback: serving beyond this machine is an explicit choice
@@ -72,9 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-running-requests", type=int, default=defaults.max_running_requests,
                         help="most requests holding KV cache at once (decoding together)")  # fmt: skip
     engine.add_argument("--max-prefill-length", type=int, default=defaults.max_prefill_length,
-                        help="prompt tokens one prefill step may compute; a single longer prompt still runs alone")  # fmt: skip
-    engine.add_argument("--cache", default=defaults.cache, choices=list(PREFIX_CACHES),
-                        help="prefix cache: naive (no reuse) or radix (not ported yet)")  # fmt: skip
+                        help="prompt tokens one step may compute (chunked prefill): a longer prompt is cut into "
+                        "chunks over several steps; a large value turns chunking off")  # fmt: skip
+    engine.add_argument("--chunk-policy", default=defaults.chunk_policy, choices=list(CHUNK_POLICIES),
+                        help="mixed: every step carries one token per decoding request plus prefill chunks up to "
+                        "the budget; prefill-first: steps with prefill work carry only prefill")  # fmt: skip
+    engine.add_argument("--cache", "--cache-type", default=defaults.cache, choices=list(PREFIX_CACHES),
+                        help="prefix cache: radix reuses the KV of shared prompt prefixes; naive recomputes "
+                        "every prompt")  # fmt: skip
     engine.add_argument("--cuda-graph-max-bs", type=_positive_or_zero, default=None,
                         help="largest decode batch captured in a CUDA graph; 0: off. Accepted now, graphs are "
                         "not ported yet (ignored, with one log line)")  # fmt: skip
@@ -103,6 +108,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
         num_pages=args.num_pages, memory_ratio=args.memory_ratio, max_running_requests=args.max_running_requests,
-        max_prefill_length=args.max_prefill_length, max_seq_len_override=args.max_seq_len_override,
+        max_prefill_length=args.max_prefill_length, chunk_policy=args.chunk_policy, max_seq_len_override=args.max_seq_len_override,
         cache=args.cache, cuda_graph_max_bs=args.cuda_graph_max_bs, tp=args.tp,
     )  # fmt: skip

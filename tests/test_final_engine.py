@@ -152,9 +152,12 @@ def greedy(max_tokens: int = 24, **kw) -> SamplingParams:
 
 
 def assert_pool_is_whole(llm: final.LLM) -> None:
+    """Idle: every page is free or cached and unlocked (so evictable), and the integrity check passes."""
     core = llm.core
     assert not core.has_work()
-    assert core.kv.num_free_pages == core.kv.num_pages, "KV pages leaked"
+    cache = core.kv.prefix_cache
+    assert core.kv.num_free_pages + cache.num_evictable_pages == core.kv.num_pages, "KV pages leaked"
+    assert cache.num_cached_pages == cache.num_evictable_pages, "a finished request left a lock behind"
     assert core.runner.page_table.num_free_rows == llm.engine_config.max_running_requests
     core.check_integrity()
 
@@ -168,7 +171,10 @@ def test_public_api_matches_the_stages(tiny_qwen3_dir):
     assert out.text == llm.tokenizer.decode(out.token_ids)
     assert len(out.token_times) == 5 and out.token_times == sorted(out.token_times)
     assert 0 < out.ttft_s <= out.latency_s
-    assert out.cached_tokens == 0  # the naive cache reuses nothing
+    assert out.cached_tokens == 0  # nothing cached yet starts with this prompt's first token
+    again = llm.generate(["The cat reads"], greedy(5))[0]
+    assert again.token_ids == out.token_ids
+    assert again.cached_tokens == len(out.prompt_ids) - 1  # a full hit still computes the last token
 
 
 def test_sampling_params_are_duck_typed(tiny_qwen3_dir):
@@ -284,7 +290,6 @@ def test_logits_only_for_each_requests_last_token(tiny_qwen3_dir):
     [
         ({"attn": "fa"}, "--attn fa"),
         ({"attn": "torch,trtllm"}, "--attn trtllm"),
-        ({"cache": "radix"}, "--cache radix"),
         ({"tp": 2}, "--tp 2"),
     ],
 )
@@ -299,7 +304,9 @@ def test_not_ported_features_say_so(tiny_qwen3_dir, kwargs, needle):
     [
         ({"attn": "nope"}, "choose from torch, fi, fa, trtllm"),
         ({"attn": "fi"}, "CUDA"),
-        ({"cache": "lru"}, "choose from naive, radix"),
+        ({"cache": "lru"}, "choose from radix, naive"),
+        ({"chunk_policy": "fifo"}, "--chunk-policy must be one of mixed, prefill-first"),
+        ({"max_prefill_length": 0}, "--max-prefill-length"),
         ({"page_size": 0}, "--page-size"),
         ({"no_such_option": 1}, "unknown engine option"),
     ],
@@ -320,52 +327,75 @@ def test_cuda_graph_flag_on_the_cpu_logs_one_line(tiny_qwen3_dir, caplog):
 # Scheduler and cache manager: pages never leak or get shared, whatever arrives and leaves
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
+    cache=st.sampled_from(["radix", "naive"]),
+    policy=st.sampled_from(["mixed", "prefill-first"]),
     page_size=st.sampled_from([1, 2, 4]),
     num_pages=st.integers(min_value=16, max_value=60),
     max_running=st.integers(min_value=1, max_value=5),
-    budget=st.sampled_from([8, 64, 10_000]),
+    budget=st.sampled_from([1, 3, 8, 64, 10_000]),
     requests=st.lists(
-        st.tuples(st.integers(1, 24), st.integers(1, 16), st.booleans()), min_size=1, max_size=10
+        st.tuples(st.integers(0, 2), st.integers(1, 24), st.integers(1, 16), st.booleans()),
+        min_size=1,
+        max_size=10,
     ),
 )
-def test_scheduler_never_leaks_or_shares_pages(page_size, num_pages, max_running, budget, requests):
-    kv = KVCacheManager(num_pages, page_size, create_prefix_cache("naive", page_size))
+def test_scheduler_never_leaks_or_shares_pages(
+    cache, policy, page_size, num_pages, max_running, budget, requests
+):
+    """Heavy sharing (prompts start with one of three heads), chunking, eviction, preemption and
+    aborts (some mid-prefill): after every step each page is free, cached or owned exactly once."""
+    kv = KVCacheManager(num_pages, page_size, create_prefix_cache(cache, page_size))
     table = PageTable(max_running, 64, torch.device("cpu"))
-    sched = Scheduler(kv, table, page_size, max_running, budget)
+    sched = Scheduler(kv, table, page_size, max_running, budget, policy)
+    heads = [[5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 20], [30 + i for i in range(12)]]
     live = []
-    for rid, (prompt_len, max_new, abort_early) in enumerate(requests):
-        if prompt_len + max_new <= num_pages * page_size:
-            sched.add(
-                Request(rid=rid, prompt_ids=[1] * prompt_len, params=SamplingParams(), max_new_tokens=max_new)
-            )
+    for rid, (head, prompt_len, max_new, abort_early) in enumerate(requests):
+        prompt = (heads[head] + [rid + 100] * prompt_len)[: max(prompt_len, 1)]
+        if len(prompt) + max_new <= num_pages * page_size:
+            sched.add(Request(rid=rid, prompt_ids=prompt, params=SamplingParams(), max_new_tokens=max_new))
             live.append((rid, abort_early))
     aborted = {rid for rid, early in live if early}
     steps = 0
     while sched.has_work():
+        decoding_before = {id(r) for r in sched.running if r.is_decoding}
         batch = sched.schedule()
         assert batch is not None
-        if batch.is_prefill:
-            assert sum(batch.query_lens) <= budget or batch.size == 1
-        owned = [p for r in sched.running for p in r.pages]
-        assert len(owned) == len(set(owned)), "a page is shared by two live requests"
-        assert not set(owned) & set(kv.allocator.free_pages)
-        kv.check_integrity(sched.pages_in_use())
+        prefill_tokens = sum(
+            q for r, q in zip(batch.requests, batch.query_lens, strict=True) if id(r) not in decoding_before
+        )
+        assert prefill_tokens <= budget, "a step went over the prefill budget"
+        if policy == "prefill-first" and prefill_tokens:
+            assert all(id(r) not in decoding_before for r in batch.requests), "decodes ran with prefill"
+        owned = [p for r in sched.running for p in r.own_pages]
+        assert len(owned) == len(set(owned)), "a page is owned by two live requests"
+        sched.check_integrity()
         table.flush()
         for r in sched.running:
             assert table.table[r.row, : len(r.pages)].tolist() == r.pages
-        for req, q_len in zip(batch.requests, batch.query_lens, strict=True):
+        for req, q_len, sampled in zip(batch.requests, batch.query_lens, batch.sampled, strict=True):
+            if not sampled:
+                assert req.num_computed + q_len < req.seq_len, "only a cut prompt samples nothing"
+                req.num_computed += q_len
+                continue
+            completes_prefill = q_len > 1 or not req.output_ids
             req.num_computed += q_len
             req.output_ids.append(7)
             if len(req.output_ids) >= req.max_new_tokens:
                 sched.finish(req)
+            elif completes_prefill:
+                sched.cache_request(req)
+        sched.check_integrity()
         for rid in list(aborted):
             if steps >= 2 and sched.abort(rid):
                 aborted.discard(rid)
+                sched.check_integrity()
         steps += 1
         assert steps < 10_000
-    assert kv.num_free_pages == num_pages and table.num_free_rows == max_running
+    assert kv.num_free_pages + kv.prefix_cache.num_evictable_pages == num_pages
+    assert kv.prefix_cache.num_cached_pages == kv.prefix_cache.num_evictable_pages
+    assert table.num_free_rows == max_running
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,8 +437,9 @@ def test_stop_string_held_back_until_decided(tiny_tokenizer_dir):
 def test_cli_defaults():
     args = parse_args([])
     assert (args.model, args.host, args.port, args.cache, args.tp, args.shell) == (
-        None, "127.0.0.1", 1919, "naive", 1, False,
+        None, "127.0.0.1", 1919, "radix", 1, False,
     )  # fmt: skip
+    assert (args.max_prefill_length, args.chunk_policy) == (8192, "mixed")
     config = EngineConfig()
     assert args.max_running_requests == config.max_running_requests
     assert args.max_prefill_length == config.max_prefill_length
@@ -418,7 +449,7 @@ def test_cli_help_explains_every_flag():
     text = build_parser().format_help()
     for flag in [
         "--model", "--host", "--port", "--dtype", "--device", "--attn", "--page-size", "--num-pages",
-        "--memory-ratio", "--max-running-requests", "--max-prefill-length", "--max-seq-len-override", "--cache",
+        "--memory-ratio", "--max-running-requests", "--max-prefill-length", "--chunk-policy", "--max-seq-len-override", "--cache",
         "--cuda-graph-max-bs", "--tp", "--shell", "--log-level",
     ]:  # fmt: skip
         assert flag in text, f"--help does not explain {flag}"
@@ -428,7 +459,6 @@ def test_cli_help_explains_every_flag():
     ("argv", "needle"),
     [
         (["--attn", "fa"], "not available in final/ yet"),
-        (["--cache", "radix"], "not available in final/ yet"),
         (["--shell", "--tp", "2"], "--tp 2"),
         (["--model", "/no/such/folder"], "not found"),
         (["--attn", "fi", "--device", "cpu"], "CUDA GPUs only"),

@@ -53,8 +53,11 @@ def full_logprobs(entry: dict, vocab: int) -> torch.Tensor:
 
 
 def assert_pool_is_whole(llm: final.LLM) -> None:
+    """No request left, and every page is free or an unlocked page of the prefix cache."""
     assert not llm.core.has_work()
-    assert llm.core.kv.num_free_pages == llm.core.kv.num_pages
+    kv = llm.core.kv
+    assert kv.prefix_cache.num_cached_pages == kv.prefix_cache.num_evictable_pages, "a lock was left behind"
+    assert kv.num_free_pages + kv.prefix_cache.num_cached_pages == kv.num_pages
     llm.core.check_integrity()
 
 

@@ -89,12 +89,14 @@ class Server:
         return out
 
     def wait_for_idle_pool(self, timeout: float = 30) -> dict[str, float]:
-        """Poll /metrics until no request runs and every KV page is free; the last metrics."""
+        """Poll /metrics until no request runs and every KV page is free or held (unlocked) by the
+        prefix cache, with the engine's integrity check passing; the last metrics."""
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
             idle = m["final_requests_running"] == 0 and m["final_requests_waiting"] == 0
-            if idle and m["final_kv_pages_free"] == m["final_kv_pages_total"]:
+            whole = m["final_kv_pages_free"] + m["final_kv_pages_cached"] == m["final_kv_pages_total"]
+            if idle and whole and m["final_kv_integrity_ok"] == 1:
                 return m
             if time.monotonic() > deadline:
                 raise AssertionError(f"the KV pool did not return to its baseline: {m}")
@@ -148,6 +150,28 @@ def test_chat_usage_and_length(server, tokenizer):
     )
     assert newer.usage.completion_tokens == 3
     assert choice.message.content.startswith(newer.choices[0].message.content)
+
+
+def test_multi_turn_chat_reuses_its_history(server, tokenizer):
+    """The radix cache (the default) keeps each turn's KV: every next turn finds more of its prompt
+    cached, and usage reports it as OpenAI does (prompt_tokens_details.cached_tokens)."""
+    client = server.client()
+    messages = [{"role": "user", "content": "Tell me a story about seven purple lighthouses."}]
+    cached: list[int] = []
+    for follow_up in ["Go on.", "And then?", "How does it end?"]:
+        out = client.chat.completions.create(model="tiny_qwen3", messages=messages, max_tokens=6, **GREEDY)
+        details = out.usage.prompt_tokens_details
+        assert details is not None and 0 <= details.cached_tokens < out.usage.prompt_tokens
+        cached.append(details.cached_tokens)
+        messages += [
+            {"role": "assistant", "content": out.choices[0].message.content},
+            {"role": "user", "content": follow_up},
+        ]
+    first_prompt = len(tokenizer.encode_chat(messages[:1]))
+    assert cached[1] >= first_prompt - 1, f"turn 2 should reuse all of turn 1's prompt: {cached}"
+    assert cached[0] < cached[1] < cached[2], f"cached tokens should grow turn by turn: {cached}"
+    m = server.wait_for_idle_pool()
+    assert m["final_kv_pages_cached"] > 0 and 0 < m["final_prefix_cache_hit_ratio"] < 1
 
 
 def test_streamed_chat_equals_non_streamed(server):

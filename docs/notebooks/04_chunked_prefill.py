@@ -73,7 +73,9 @@ short_ids = llm.tokenizer.encode_prompt("Name three primary colors.", chat=True)
 long_ids = llm.tokenizer.encode_prompt(f"Summarise this text in one sentence.\n\n{PASSAGE}", chat=True)
 short_params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 long_params = SamplingParams(temperature=0, max_tokens=12)
-print(f"short prompt: {len(short_ids)} tokens; long prompt: {len(long_ids)} tokens; budget: {BUDGET} per step")
+print(
+    f"short prompt: {len(short_ids)} tokens; long prompt: {len(long_ids)} tokens; budget: {BUDGET} per step"
+)
 
 # %% [markdown]
 # ## Step by step
@@ -150,7 +152,9 @@ chunked_short, chunked_long, mixed_got_token = serve(llm)
 
 # %%
 print("short:", repr(chunked_short.text))
-print("long: ", repr(chunked_long.text), f"({chunked_long.cached_tokens} prompt tokens from the prefix cache)")
+print(
+    "long: ", repr(chunked_long.text), f"({chunked_long.cached_tokens} prompt tokens from the prefix cache)"
+)
 
 # %% [markdown]
 # ## Mixed against prefill-first
@@ -190,10 +194,11 @@ assert longest_wait(mixed_got_token) == 0
 assert longest_wait(pf_got_token) >= len(long_ids) // BUDGET
 
 # %% [markdown]
-# Under `mixed` the short request's gaps are all about one step long, and each step is a little
-# longer than a pure decode step because it carries a chunk. Under `prefill-first` most gaps are
-# short decode steps, but one gap lasts the whole prefill of `L`: that is the tail (p99) a
-# reader sees as a stall in the stream.
+# Under `mixed` every gap is one step, though a step that carries a chunk takes longer than a
+# pure decode step (the `ms` column above): the short request's median gap rises a little, its
+# longest gap is one chunk step. Under `prefill-first` most gaps are short decode steps, but one
+# gap lasts the whole prefill of `L`: that is the tail (p99) a reader sees as a stall in the
+# stream.
 #
 # ## Chunked equals unchunked
 #
@@ -204,7 +209,8 @@ assert longest_wait(pf_got_token) >= len(long_ids) // BUDGET
 # %%
 whole = stage04.LLM(None, device="cpu", max_prefill_length=8192, chunk_policy="prefill-first")
 whole_short, whole_long, _ = serve(whole, verbose=False)
-for name, (s, lg) in {"mixed, 64": (chunked_short, chunked_long), "prefill-first, 64": (pf_short, pf_long)}.items():
+chunked_runs = {"mixed, 64": (chunked_short, chunked_long), "prefill-first, 64": (pf_short, pf_long)}
+for name, (s, lg) in chunked_runs.items():
     same = s.token_ids == whole_short.token_ids and lg.token_ids == whole_long.token_ids
     print(f"{name:17}: same tokens as unchunked: {same}")
     assert same

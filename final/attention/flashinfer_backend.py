@@ -32,8 +32,11 @@ class FlashInferBackend(AttentionBackend):
             ) from err
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
-        # Tensor cores pay off for decode once several query heads share a KV head.
-        use_tc = config.num_heads // config.num_kv_heads >= 4
+        # Tensor cores pay off once several query heads share a KV head. The CUDA-core decode
+        # kernel also gave wrong tokens for SmolLM2's group of 3 heads on an H200 (first token
+        # right, later ones wrong): use the tensor-core kernel for any group not a power of two.
+        group = config.num_heads // config.num_kv_heads
+        use_tc = group >= 4 or group & (group - 1) != 0
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=use_tc
         )

@@ -11,6 +11,8 @@ from typing import Any
 
 from .errors import NotAvailableYet, UserError
 
+CHUNK_POLICIES = ("mixed", "prefill-first")  # see final/scheduler/scheduler.py
+
 
 @dataclass
 class EngineConfig:
@@ -22,9 +24,10 @@ class EngineConfig:
     num_pages: int | None = None  # KV pages in the pool; None: from memory (GPU) or a fixed size (CPU)
     memory_ratio: float = 0.9  # share of GPU memory for weights + KV cache
     max_running_requests: int = 256  # rows of the page table: requests holding KV at once
-    max_prefill_length: int = 8192  # prompt tokens one prefill step may compute (the chunk budget)
+    max_prefill_length: int = 8192  # prompt tokens one step may compute; longer prompts are chunked
+    chunk_policy: str = "mixed"  # mixed: decodes ride along with prefill chunks; prefill-first: they wait
     max_seq_len_override: int | None = None  # cap the context below the model's own
-    cache: str = "naive"  # prefix cache: see final/kvcache/prefix_cache.py
+    cache: str = "radix"  # prefix cache: radix or naive; see final/kvcache/registry.py
     cuda_graph_max_bs: int | None = None  # None: auto; 0: off (graphs are not ported yet)
     tp: int = 1  # tensor-parallel degree (only 1 until tensor parallelism is ported)
 
@@ -54,6 +57,10 @@ class EngineConfig:
             (
                 self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 0,
                 f"--cuda-graph-max-bs must be >= 0, got {self.cuda_graph_max_bs}",
+            ),
+            (
+                self.chunk_policy in CHUNK_POLICIES,
+                f"--chunk-policy must be one of {', '.join(CHUNK_POLICIES)}, got {self.chunk_policy!r}",
             ),
             (self.tp >= 1, f"--tp must be >= 1, got {self.tp}"),
         ]

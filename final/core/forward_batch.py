@@ -17,14 +17,14 @@ import torch
 class ForwardBatch:
     """For each request i, its tokens [seq_lens[i] - query_lens[i], seq_lens[i]) are computed."""
 
-    is_prefill: bool  # False: every request computes exactly one token (a decode step)
+    is_prefill: bool  # False: every request computes exactly one token (a pure decode step)
     query_lens: list[int]  # tokens computed this step, per request
     seq_lens: list[int]  # tokens in the cache after this step, per request
     input_ids: torch.Tensor  # [T] the new tokens of every request, concatenated
     positions: torch.Tensor  # [T]
     rows: torch.Tensor  # [B] each request's page-table row
     out_slots: torch.Tensor  # [T] pool slot receiving each new token's K and V
-    last_token_index: torch.Tensor  # [B] where each request's last token sits in [T]
+    last_token_index: torch.Tensor  # [S] where each sampled request's last token sits in [T]
 
     @property
     def size(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -37,6 +38,7 @@ class StepInput:
     query_lens: list[int]
     seq_lens: list[int]
     rows: list[int]
+    sampled: list[bool]  # requests that get logits: a prompt cut mid-way has no next token yet
 
 
 class ModelRunner:
@@ -107,11 +109,17 @@ class ModelRunner:
             positions=positions_t,
             rows=rows,
             out_slots=self.page_table.slots(token_rows, positions_t, self.page_size),
-            last_token_index=query_lens.cumsum(0) - 1,
+            last_token_index=self._last_token_index(step),
         )
 
+    def _last_token_index(self, step: StepInput) -> torch.Tensor:
+        """Where each sampled request's last token sits in the step's tokens."""
+        ends = list(accumulate(step.query_lens))
+        last = [end - 1 for end, sampled in zip(ends, step.sampled, strict=True) if sampled]
+        return torch.tensor(last, dtype=torch.long).to(self.device, non_blocking=True)
+
     def forward(self, step: StepInput) -> torch.Tensor:
-        """Logits [batch size, vocab] for the token after each request's last one."""
+        """Logits [sampled requests, vocab] for the token after each sampled request's last one."""
         batch = self.prepare(step)
         self.backend.prepare(batch)
         return self.model(batch, self.backend)

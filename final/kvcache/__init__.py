@@ -4,7 +4,9 @@ prefix cache that decides which finished requests' pages are kept for reuse.
     KVPool          K and V tensors of every layer, in pages of `page_size` tokens (pool.py)
     PageAllocator   the free list of page ids (allocator.py)
     PageTable       per request row, the pages holding its tokens, on the device (page_table.py)
-    PrefixCache     reuse of shared prompt prefixes; `naive` keeps nothing (prefix_cache.py)
+    PrefixCache     reuse of shared prompt prefixes: the interface and `naive` (prefix_cache.py)
+    RadixPrefixCache  `radix`, the default: a radix tree over token ids (radix_cache.py)
+    registry        `--cache NAME` -> class, and the default (registry.py)
     KVCacheManager  allocation that can evict from the prefix cache, and release (manager.py)
 """
 
@@ -12,9 +14,11 @@ from .allocator import PageAllocator
 from .manager import KVCacheManager
 from .page_table import PageTable
 from .pool import KVPool
-from .prefix_cache import PREFIX_CACHES, PrefixCache, PrefixMatch, create_prefix_cache
+from .prefix_cache import Handle, NaivePrefixCache, PrefixCache, PrefixMatch
+from .radix_cache import RadixPrefixCache
+from .registry import PREFIX_CACHES, create_prefix_cache
 
 __all__ = [
-    "KVCacheManager", "KVPool", "PREFIX_CACHES", "PageAllocator", "PageTable", "PrefixCache", "PrefixMatch",
-    "create_prefix_cache",
+    "Handle", "KVCacheManager", "KVPool", "NaivePrefixCache", "PREFIX_CACHES", "PageAllocator", "PageTable",
+    "PrefixCache", "PrefixMatch", "RadixPrefixCache", "create_prefix_cache",
 ]  # fmt: skip

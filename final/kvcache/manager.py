@@ -1,12 +1,12 @@
-"""Pages for requests: allocation (evicting from the prefix cache when the free list runs dry),
-prefix matching at admission, and release when a request finishes or is preempted."""
+"""Pages for requests: allocation (evicting unused prefixes from the prefix cache when the free
+list runs dry), prefix matching at admission, and the integrity check tests call."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from .allocator import PageAllocator
-from .prefix_cache import PrefixCache, PrefixMatch
+from .prefix_cache import Handle, PrefixCache, PrefixMatch
 
 
 class KVCacheManager:
@@ -34,12 +34,16 @@ class KVCacheManager:
             self.allocator.free(self.prefix_cache.evict(count - self.allocator.num_free))
         return self.allocator.allocate(count)
 
-    def release(self, token_ids: Sequence[int], pages: list[int], match: PrefixMatch) -> None:
-        """A request gives back its pages; `token_ids` are the tokens whose KV they hold."""
-        self.prefix_cache.unlock(match)
-        self.allocator.free(self.prefix_cache.insert(token_ids, pages, match))
+    def free(self, pages: list[int]) -> None:
+        self.allocator.free(pages)
 
-    def check_integrity(self, pages_in_use: int) -> None:
-        """Every page is free, cached, or held by a live request: exactly one of them."""
-        total = self.allocator.num_free + self.prefix_cache.num_cached_pages + pages_in_use
-        assert total == self.num_pages, f"KV pages leaked or double-counted: {total} != {self.num_pages}"
+    def check_integrity(self, owned: Iterable[int], locks: Iterable[Handle]) -> None:
+        """Every page is free, held by the prefix cache, or owned by one live request: exactly one
+        of them (`owned`: the live requests' own pages; `locks`: their handles into the cache)."""
+        free, cached, owned = list(self.allocator.free_pages), self.prefix_cache.all_pages(), list(owned)
+        every = free + cached + owned
+        assert len(every) == len(set(every)), "a KV page is held twice"
+        assert len(every) == self.num_pages, (
+            f"KV pages leaked: {len(free)} free + {len(cached)} cached + {len(owned)} owned != {self.num_pages}"
+        )
+        self.prefix_cache.check_integrity(locks)

@@ -44,6 +44,7 @@ class EngineCore:
             config.page_size,
             config.max_running_requests,
             config.max_prefill_length,
+            config.chunk_policy,
         )
         self.eos_ids = set(self.model_config.eos_token_ids)
         self.stats = EngineStats(num_pages=self.runner.num_pages)
@@ -79,27 +80,33 @@ class EngineCore:
         return self.scheduler.has_work()
 
     def step(self) -> list[RequestDelta]:
-        """Run one batch; return one delta per request in it."""
+        """Run one batch; return one delta per request that sampled a token in it."""
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        if batch.is_prefill:
-            self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in batch.requests if not r.output_ids)
-            self.stats.cached_prompt_tokens += sum(
-                r.cached_tokens for r in batch.requests if not r.output_ids
-            )
         logits = self.runner.forward(batch.step_input())
-        sampled = sample(logits, [r.params for r in batch.requests], [r.generator for r in batch.requests])
+        work = list(zip(batch.requests, batch.query_lens, batch.sampled, strict=True))
+        for req, q_len, sampled in work:
+            if not sampled:
+                req.num_computed += q_len  # a chunk of a cut prompt: its KV is in, no token yet
+        done = [(req, q_len) for req, q_len, sampled in work if sampled]
+        self.stats.num_steps += 1
+        if not done:
+            return []
+        reqs = [r for r, _ in done]
+        sampled = sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
         tokens = sampled.tokens.tolist()  # the one sync per step: the host needs the tokens
         deltas: list[RequestDelta] = []
-        for req, q_len, token, logprobs in zip(
-            batch.requests, batch.query_lens, tokens, sampled.logprobs, strict=True
-        ):
+        for (req, q_len), token, logprobs in zip(done, tokens, sampled.logprobs, strict=True):
+            completes_prefill = q_len > 1 or not req.output_ids  # (a full cache hit computes one token)
             req.num_computed += q_len
             req.output_ids.append(token)
             reason = finish_reason(token, req.params, self.eos_ids, len(req.output_ids), req.max_new_tokens)
             if reason:
                 self.scheduler.finish(req)
+            elif completes_prefill:
+                # The prompt is in the pool now: requests that arrive while this one decodes reuse it.
+                self.scheduler.cache_request(req)
             deltas.append(
                 RequestDelta(
                     rid=req.rid,
@@ -110,7 +117,6 @@ class EngineCore:
                 )  # fmt: skip
             )
         self.stats.generated_tokens += len(tokens)
-        self.stats.num_steps += 1
         return deltas
 
     def fail_all(self, message: str) -> list[RequestDelta]:
@@ -125,11 +131,17 @@ class EngineCore:
         s.query_id = query_id
         s.num_running, s.num_waiting = self.scheduler.num_running, self.scheduler.num_waiting
         s.free_pages, s.cached_pages = self.kv.num_free_pages, self.kv.prefix_cache.num_cached_pages
+        s.prompt_tokens, s.cached_prompt_tokens = (
+            self.scheduler.num_prompt_tokens,
+            self.scheduler.num_cached_tokens,
+        )
         s.num_preemptions = self.scheduler.num_preemptions
         return EngineStats(**vars(s))
 
     def check_integrity(self) -> None:
-        self.kv.check_integrity(self.scheduler.pages_in_use())
+        """Free + cache-held + live requests' own pages == all pages, and the cache's locks are the
+        live requests'; AssertionError otherwise (tests call it after every step)."""
+        self.scheduler.check_integrity()
 
 
 def validate_early(config: EngineConfig) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from ..core.sampling_params import SamplingParams
 from ..engine.runner import StepInput
-from ..kvcache import PrefixMatch
+from ..kvcache import Handle
 
 
 class Status(Enum):
@@ -28,10 +28,22 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     row: int = -1  # the request's row in the page table while it holds pages
-    pages: list[int] = field(default_factory=list)  # every page holding its tokens, prefix pages first
-    prefix: PrefixMatch = field(default_factory=PrefixMatch)  # what the prefix cache lent it
+    pages: list[int] = field(default_factory=list)  # every page holding its tokens, in order
+    # pages[:num_shared_pages] belong to the prefix cache, locked through cache_handle while the
+    # request runs; the rest are the request's own, freed when it leaves.
+    num_shared_pages: int = 0
+    cache_handle: Handle = None
     num_computed: int = 0  # tokens whose K and V are in the cache
-    cached_tokens: int = 0  # prompt tokens reused from the prefix cache at first admission
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache at admission
+
+    @property
+    def own_pages(self) -> list[int]:
+        return self.pages[self.num_shared_pages :]
+
+    @property
+    def is_decoding(self) -> bool:
+        """Past its prompt: the next step computes the one token it sampled last."""
+        return bool(self.output_ids) and self.num_uncomputed == 1
 
     @property
     def seq_len(self) -> int:
@@ -39,8 +51,8 @@ class Request:
 
     @property
     def num_uncomputed(self) -> int:
-        """Tokens the next step must run through the model: the whole prompt on the first step
-        (prompt + output after a preemption), then the last sampled token."""
+        """Tokens still to run through the model: the uncached prompt (in chunks when it exceeds the
+        step budget; prompt + output after a preemption), then the last sampled token."""
         return self.seq_len - self.num_computed
 
     def all_ids(self) -> list[int]:
@@ -58,15 +70,21 @@ class Request:
 
 @dataclass
 class ScheduledBatch:
-    """The requests of one step, and how many of each one's tokens it computes."""
+    """One step: for each request, its tokens [num_computed, num_computed + query_len): a whole
+    prompt, a chunk of one, or the last sampled token."""
 
     requests: list[Request]
-    is_prefill: bool
     query_lens: list[int]
+    sampled: list[bool]  # whether the step reaches the request's last token (a cut prompt does not)
 
     @property
     def size(self) -> int:
         return len(self.requests)
+
+    @property
+    def is_prefill(self) -> bool:
+        """Some request computes more than one token (decode kernels need exactly one each)."""
+        return any(q > 1 for q in self.query_lens)
 
     def step_input(self) -> StepInput:
         input_ids: list[int] = []
@@ -78,4 +96,5 @@ class ScheduledBatch:
             query_lens=self.query_lens,
             seq_lens=[r.num_computed + q for r, q in zip(self.requests, self.query_lens, strict=True)],
             rows=[r.row for r in self.requests],
+            sampled=self.sampled,
         )

@@ -82,6 +82,8 @@ class Metrics:
         metric(
             "kv_pages_cached", "gauge", "KV-cache pages held by the prefix cache.", [("", stats.cached_pages)]
         )
+        metric("kv_integrity_ok", "gauge", "1 when free + cached + live requests' own pages == all pages.",
+               [("", 0 if "integrity_error" in stats.extra else 1)])  # fmt: skip
         usage = 1 - stats.free_pages / stats.num_pages if stats.num_pages else 0.0
         metric("kv_usage_ratio", "gauge", "Share of KV-cache pages not on the free list.", [("", usage)])
         hit = stats.cached_prompt_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0

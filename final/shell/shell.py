@@ -1,7 +1,7 @@
 """The interactive chat: a prompt_toolkit line editor (plain input() when stdin is not a
 terminal), the engine in its own process, answers streamed token by token.
 
-The whole conversation is sent again every turn, so a prefix cache (--cache radix, once ported)
+The whole conversation is sent again every turn, so the prefix cache (--cache radix, the default)
 reuses the KV of everything said so far. Ctrl-C stops the current answer and keeps the shell;
 Ctrl-D or /exit leaves. Sampling comes from FINAL_SHELL_TEMPERATURE (0.6), FINAL_SHELL_TOP_P
 (0.95), FINAL_SHELL_TOP_K (-1) and FINAL_SHELL_MAX_TOKENS (1024).
