@@ -94,14 +94,13 @@ class LLM:
             return []
         logits = self.runner.forward(batch)
         work = list(zip(batch.requests, batch.query_lens, batch.sampled, strict=True))
-        for req, q_len, sampled in work:
-            if not sampled:
+        for req, q_len, gets_token in work:
+            if not gets_token:
                 req.num_computed += q_len  # a chunk of a cut prompt: its KV is in, no token yet
-        done = [(req, q_len) for req, q_len, sampled in work if sampled]
+        done = [(req, q_len) for req, q_len, gets_token in work if gets_token]
         if not done:
             return []
-        params = [r.params for r, _ in done]
-        sampled = sample(logits, params, [r.generator for r, _ in done])
+        sampled = sample(logits, [r.params for r, _ in done], [r.generator for r, _ in done])
         tokens = sampled.tokens.tolist()  # the one sync per step: the host needs the tokens
         now = time.perf_counter()
         finished = []
