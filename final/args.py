@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine = p.add_argument_group("engine")
     engine.add_argument("--attn", default=defaults.attn,
                         help="attention backend: torch, fi (FlashInfer), fa and trtllm (not ported yet), "
-                        "PREFILL,DECODE (e.g. torch,fi), or auto (fi on CUDA when installed, else torch)")  # fmt: skip
+                        "PREFILL,DECODE (e.g. torch,fi), or auto (fi on CUDA when installed and the dtype is "
+                        "bf16 or fp16, else torch)")  # fmt: skip
     engine.add_argument("--page-size", type=int, default=defaults.page_size, help="tokens per KV-cache page")
     engine.add_argument("--num-pages", type=int, default=None,
                         help="KV-cache pages; default: what --memory-ratio leaves on a GPU, 32768 tokens on the CPU")  # fmt: skip

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 import final
+from final import attention
 from final.__main__ import main as final_main
 from final.args import build_parser, parse_args
 from final.core.config import EngineConfig
@@ -467,6 +468,27 @@ def test_cli_help_explains_every_flag():
 def test_cli_refuses_bad_flags_before_starting_anything(argv, needle):
     with pytest.raises(UserError, match=needle):
         final_main(argv)
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype", "expected"),
+    [
+        ("auto", torch.bfloat16, ("fi", "fi")),
+        ("auto", None, ("fi", "fi")),  # dtype not known yet (--dtype auto is never float32 on CUDA)
+        ("auto", torch.float32, ("torch", "torch")),  # FlashInfer has no float32 kernels
+        ("fi,torch", torch.float16, ("fi", "torch")),
+        ("fi", torch.float32, "needs --dtype bfloat16"),
+        ("torch,fi", torch.float32, "needs --dtype bfloat16"),
+    ],
+)
+def test_attention_choice_follows_device_and_dtype(monkeypatch, spec, dtype, expected):
+    monkeypatch.setattr(attention, "_flashinfer_installed", lambda: True)
+    if isinstance(expected, str):
+        with pytest.raises(UserError, match=expected):
+            attention.resolve_names(spec, "cuda", dtype)
+    else:
+        assert attention.resolve_names(spec, "cuda", dtype) == expected
+    assert attention.resolve_names("auto", "cpu", torch.bfloat16) == ("torch", "torch")
 
 
 def test_cli_errors_are_one_line_and_exit_2():

@@ -142,19 +142,27 @@ def gpu_servers(default_model_dir, tmp_path_factory):
 
 
 def test_server_on_gpu_fi_against_torch(gpu_servers):
+    """The default model through the server with each backend. torch must answer the question;
+    fi must give the same tokens until a near-tie of the torch run: the 135M model in bf16 has
+    close first candidates for this question, and bf16 kernels may order them either way."""
     answers = {}
     for attn, server in gpu_servers.items():
         client = server.client(timeout=JIT_TIMEOUT_S)
         kw = {"model": "SmolLM2-135M-Instruct", "messages": USER, "max_tokens": 24, "temperature": 0}
-        whole = client.chat.completions.create(**kw).choices[0].message.content
+        whole = client.chat.completions.create(logprobs=True, top_logprobs=5, **kw).choices[0]
         streamed = "".join(
             c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
         )
-        assert streamed == whole and "Paris" in whole
+        assert streamed == whole.message.content
         answers[attn] = whole
         server.wait_for_idle_pool()
-    # Same greedy answer from both backends (bf16, a short coherent answer: no near-ties expected).
-    assert answers["fi"] == answers["torch"]
+    assert "Paris" in answers["torch"].message.content
+    for got, want in zip(answers["fi"].logprobs.content, answers["torch"].logprobs.content, strict=False):
+        assert abs(got.logprob - want.logprob) <= 0.3, (got, want)
+        if got.token != want.token:
+            alternatives = {t.token: t.logprob for t in want.top_logprobs}
+            assert got.token in alternatives and want.logprob - alternatives[got.token] <= 0.3, (got, want)
+            break
 
 
 def test_bench_online_on_gpu(gpu_servers, tmp_path):

@@ -3,7 +3,11 @@ too small for the batch still finishes every request with the same outputs (pree
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -110,3 +114,27 @@ def test_oversized_request_is_rejected_not_hung(tiny_qwen3_dir):
         llm.add_request([5] * 10, SamplingParams(max_tokens=100))
     assert not llm.has_unfinished()
     assert llm.runner.allocator.num_free == 16
+
+
+attention_mod = load("stages.02_paged_kv.attention")
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype", "expected"),
+    [
+        ("auto", torch.bfloat16, ("fi", "fi")),
+        ("auto", torch.float32, ("torch", "torch")),  # FlashInfer has no float32 kernels
+        ("fi", torch.float16, ("fi", "fi")),
+        ("torch,fi", torch.bfloat16, ("torch", "fi")),
+        ("fi", torch.float32, "needs --dtype bfloat16"),
+        ("torch,fi", torch.float32, "needs --dtype bfloat16"),
+    ],
+)
+def test_attention_choice_follows_device_and_dtype(monkeypatch, spec, dtype, expected):
+    monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))  # as if installed
+    if isinstance(expected, str):
+        with pytest.raises(UserError, match=expected):
+            attention_mod.resolve_names(spec, "cuda", dtype)
+    else:
+        assert attention_mod.resolve_names(spec, "cuda", dtype) == expected
+    assert attention_mod.resolve_names("auto", "cpu", torch.bfloat16) == ("torch", "torch")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from stages.common.sampling import SamplingParams
+from tests.fixtures.gpu_compare import assert_agree_until_near_tie
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.stage_list import ROOT, load
 
@@ -90,19 +91,19 @@ def test_flashinfer_with_preemption(gpu_model_dir):
     assert [o.token_ids[:8] for o in a] == [o.token_ids[:8] for o in b]
 
 
-def test_flashinfer_decode_with_a_group_of_three_heads(tmp_path):
-    """SmolLM2 shares each KV head among 3 query heads: FlashInfer's CUDA-core decode kernel gave
-    wrong tokens there on an H200 (the first token, from prefill, was right). Guard the fix."""
-    folder = make_tiny_checkpoint(tmp_path, "llama", num_attention_heads=9, num_key_value_heads=3, head_dim=64)
+def test_flashinfer_with_a_group_of_three_heads(tmp_path):
+    """SmolLM2's layout: 9 query heads share 3 KV heads, head_dim 64 (a group that is not a power
+    of two, which the decode wrapper runs on tensor cores). The whole engine against torch."""
+    folder = make_tiny_checkpoint(tmp_path, "llama", hidden_size=9 * 64, num_attention_heads=9,
+                                  num_key_value_heads=3, head_dim=64)  # fmt: skip
     prompts = sample_prompts(folder, n=4, seed=15)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=8)
     outs = {}
     for attn in ("torch", "fi"):
         llm = stage02.LLM(str(folder), device="cuda", dtype="bfloat16", attn=attn, page_size=16,
                           num_pages=POOL_TOKENS // 16)  # fmt: skip
-        outs[attn] = llm.generate(prompts, params)
-    for ref, fi in zip(outs["torch"], outs["fi"], strict=True):
-        assert fi.token_ids[:4] == ref.token_ids[:4]
-        for step in (1, 2):  # decode steps: the kernel under suspicion
-            torch.testing.assert_close(torch.tensor(fi.logprobs[step]["top_logprobs"]),
-                                       torch.tensor(ref.logprobs[step]["top_logprobs"]), atol=0.1, rtol=0)  # fmt: skip
+        vocab = llm.config.vocab_size
+        outs[attn] = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=vocab))
+    # This checkpoint's logits are large (spread random weights): bf16 noise reaches ~0.3 in
+    # logprob on an H200 with either decode kernel, so the tolerance is wider than elsewhere.
+    compared = assert_agree_until_near_tie(outs["fi"], outs["torch"], vocab, atol=0.3)
+    assert compared >= 3 * len(prompts)

@@ -1,7 +1,7 @@
 """Stage 03 on a GPU with FlashInfer: the radix cache gives the outputs of the naive cache.
 
-bf16 batches of different shapes round differently, so we compare the first greedy tokens and
-the full log-probability distributions with a loose tolerance, as test_stage02_gpu.py does. The
+bf16 batches of different shapes round differently: the runs are compared step by step, full
+distributions with a loose tolerance, until they part at a near-tie (tests/fixtures/gpu_compare.py). The
 tiny checkpoints get head_dim 128 here: FlashInfer's kernels are built for the head sizes real
 models use.
 """
@@ -9,9 +9,9 @@ models use.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from stages.common.sampling import SamplingParams
+from tests.fixtures.gpu_compare import assert_agree_until_near_tie
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.stage_list import load
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.gpu
 stage03 = load("stages.03_radix_cache")
 
 STEPS = 6  # tokens generated per request
-COMPARED_TOKENS = 4  # greedy tokens that must agree exactly
 ATOL = 0.1  # on log-probabilities, bf16
+POOL_TOKENS = 16384
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
@@ -34,12 +34,6 @@ def sharing_prompts(model_dir) -> list[list[int]]:
     system = (base[1] * 2)[:48]
     prompts = [system + p[:12] for p in base[2:7]]
     return prompts + [prompts[0], prompts[3], system, base[0], base[7]]
-
-
-def full_logprobs(entry: dict, vocab: int) -> torch.Tensor:
-    out = torch.full((vocab,), float("nan"))
-    out[torch.tensor(entry["top_ids"])] = torch.tensor(entry["top_logprobs"])
-    return out
 
 
 def serve(llm, prompts, arrivals, params) -> list:
@@ -58,15 +52,8 @@ def serve(llm, prompts, arrivals, params) -> list:
 
 
 def assert_close_outputs(ours, reference, vocab: int) -> None:
-    for a, b in zip(ours, reference, strict=True):
-        assert a.token_ids[:COMPARED_TOKENS] == b.token_ids[:COMPARED_TOKENS]
-        for step in range(2):  # the prefill step (from the cached prefix) and the first decode step
-            torch.testing.assert_close(
-                full_logprobs(a.logprobs[step], vocab),
-                full_logprobs(b.logprobs[step], vocab),
-                atol=ATOL,
-                rtol=0,
-            )
+    compared = assert_agree_until_near_tie(ours, reference, vocab, ATOL)
+    assert compared >= 2 * len(reference)  # at least the prefill step and one decode step each
 
 
 def record_evictions(llm) -> list[int]:
@@ -84,6 +71,9 @@ def record_evictions(llm) -> list[int]:
 
 
 def make(model_dir, **kwargs):
+    # An explicit pool: sized by --memory-ratio, the first engine of the process would take the
+    # memory the next ones need (the engines of earlier tests are not freed at once).
+    kwargs.setdefault("num_pages", POOL_TOKENS // kwargs.get("page_size", 1))
     return stage03.LLM(str(model_dir), device="cuda", dtype="bfloat16", **kwargs)
 
 

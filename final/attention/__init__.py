@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from ..core.errors import NotAvailableYet, UserError
 from ..core.model_config import ModelConfig
 from ..kvcache import KVPool, PageTable
 from .base import AttentionBackend, HybridBackend
 
+HALF_DTYPES = (torch.float16, torch.bfloat16)  # FlashInfer has no float32 kernels
 Factory = Callable[[ModelConfig, KVPool, PageTable], AttentionBackend]
 
 
@@ -67,11 +70,13 @@ def _flashinfer_installed() -> bool:
     return True
 
 
-def resolve_names(spec: str, device_type: str) -> tuple[str, str]:
-    """'fi' -> ('fi', 'fi'); 'torch,fi' -> ('torch', 'fi'); 'auto' -> fi on CUDA when installed.
+def resolve_names(spec: str, device_type: str, dtype: torch.dtype | None = None) -> tuple[str, str]:
+    """'fi' -> ('fi', 'fi'); 'torch,fi' -> ('torch', 'fi'); 'auto' -> fi on CUDA when installed
+    and the dtype is half precision, else torch. `dtype` None: not known yet, not checked.
     Once fa and trtllm are ported, auto picks by compute capability (fa,trtllm on Hopper)."""
+    half = dtype is None or dtype in HALF_DTYPES
     if spec == "auto":
-        if device_type == "cuda" and _flashinfer_installed():
+        if device_type == "cuda" and half and _flashinfer_installed():
             return "fi", "fi"
         return "torch", "torch"
     names = [n.strip() for n in spec.split(",")]
@@ -84,11 +89,14 @@ def resolve_names(spec: str, device_type: str) -> tuple[str, str]:
             raise _not_ported_error(name)
         if name == "fi" and device_type != "cuda":
             raise UserError("--attn fi runs on CUDA GPUs only; use --attn torch on the CPU")
+        if name == "fi" and not half:
+            raise UserError(f"--attn fi needs --dtype bfloat16 or float16 (FlashInfer has no {dtype} kernels); "
+                            "use --attn torch for float32")  # fmt: skip
     return names[0], names[-1]
 
 
 def create_backend(spec: str, config: ModelConfig, pool: KVPool, page_table: PageTable) -> AttentionBackend:
-    prefill, decode = resolve_names(spec, pool.k.device.type)
+    prefill, decode = resolve_names(spec, pool.k.device.type, pool.k.dtype)
     if prefill == decode:
         return BACKENDS[prefill](config, pool, page_table)
     return HybridBackend(

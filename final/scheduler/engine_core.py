@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..attention import resolve_names
 from ..core.config import EngineConfig
-from ..core.devices import pick_device, pick_dtype
+from ..core.devices import DTYPES, pick_device, pick_dtype
 from ..core.limits import finish_reason, max_new_tokens
 from ..core.model_config import load_model_config
 from ..core.sampling_params import SamplingParams
@@ -34,7 +34,7 @@ class EngineCore:
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.model_config.dtype, self.device)
         # Fail on a bad --attn or --cache before spending time on the weights.
-        resolve_names(config.attn, self.device.type)
+        resolve_names(config.attn, self.device.type, self.dtype)
         prefix_cache = create_prefix_cache(config.cache, config.page_size)
         self.runner = ModelRunner(config, self.model_dir, self.model_config, self.device, self.dtype)
         self.kv = KVCacheManager(self.runner.num_pages, config.page_size, prefix_cache)
@@ -148,5 +148,6 @@ def validate_early(config: EngineConfig) -> None:
     """The checks that need no model: run them in the frontend before spawning anything."""
     config.validate()
     device = pick_device(config.device)
-    resolve_names(config.attn, device.type)
+    dtype = DTYPES.get(config.dtype)  # None for auto, which is never float32 on CUDA
+    resolve_names(config.attn, device.type, dtype)
     create_prefix_cache(config.cache, config.page_size)

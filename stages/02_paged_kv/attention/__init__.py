@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import torch
+
 from stages.common.errors import UserError
 
 from .base import AttentionBackend, HybridBackend
 
 BACKENDS = ("torch", "fi")
+HALF_DTYPES = (torch.float16, torch.bfloat16)  # FlashInfer has no float32 kernels
 
 
 def _create_one(name: str, config, pool, page_table) -> AttentionBackend:
@@ -21,10 +24,12 @@ def _create_one(name: str, config, pool, page_table) -> AttentionBackend:
     raise UserError(f"unknown attention backend {name!r}; choose from {', '.join(BACKENDS)} or auto")
 
 
-def resolve_names(spec: str, device_type: str) -> tuple[str, str]:
-    """'fi' -> ('fi', 'fi'); 'torch,fi' -> ('torch', 'fi'); 'auto' -> fi on CUDA when installed."""
+def resolve_names(spec: str, device_type: str, dtype: torch.dtype | None = None) -> tuple[str, str]:
+    """'fi' -> ('fi', 'fi'); 'torch,fi' -> ('torch', 'fi'); 'auto' -> fi on CUDA when installed
+    and the dtype is half precision, else torch. `dtype` None: not known yet, not checked."""
+    half = dtype is None or dtype in HALF_DTYPES
     if spec == "auto":
-        if device_type != "cuda":
+        if device_type != "cuda" or not half:
             return "torch", "torch"
         try:
             import flashinfer  # noqa: F401
@@ -34,11 +39,14 @@ def resolve_names(spec: str, device_type: str) -> tuple[str, str]:
     names = [n.strip() for n in spec.split(",")]
     if len(names) not in (1, 2) or not all(names):
         raise UserError(f"--attn takes NAME or PREFILL,DECODE, got {spec!r}")
+    if "fi" in names and not half:
+        raise UserError(f"--attn fi needs --dtype bfloat16 or float16 (FlashInfer has no {dtype} kernels); "
+                        "use --attn torch for float32")  # fmt: skip
     return names[0], names[-1]
 
 
 def create_backend(spec: str, config, pool, page_table) -> AttentionBackend:
-    prefill, decode = resolve_names(spec, pool.k.device.type)
+    prefill, decode = resolve_names(spec, pool.k.device.type, pool.k.dtype)
     if prefill == decode:
         return _create_one(prefill, config, pool, page_table)
     return HybridBackend(_create_one(prefill, config, pool, page_table), _create_one(decode, config, pool, page_table))
