@@ -4,9 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROMPT ?= What is the capital of France?
+ARGS ?=
 NOTEBOOKS := $(wildcard docs/notebooks/*.py)
 
-.PHONY: setup model run test test-cpu notebooks docs docs-gen docs-serve lint bench gpu-test clean
+.PHONY: setup model run shell ask test test-cpu notebooks docs docs-gen docs-serve lint bench gpu-test clean
 
 # A virtual environment with the project and its test and docs extras. On a machine without CUDA
 # we install the CPU wheel of torch first: an unpinned torch would pull gigabytes of CUDA wheels.
@@ -24,8 +25,17 @@ setup: $(STAMP)
 model: setup
 	$(BIN)/python -m stages.common.default_model
 
-# The main job: answer a prompt with the default model.
+# The main job: final/ serves the default model, an OpenAI-compatible API on
+# http://127.0.0.1:1919, until Ctrl-C. More flags with ARGS="--port 8000 --attn fi".
 run: model
+	$(BIN)/python -m final $(ARGS)
+
+# Chat with the default model in the terminal (final/'s shell: /reset, /help, /exit).
+shell: model
+	$(BIN)/python -m final --shell $(ARGS)
+
+# One prompt, one greedy answer, from the simplest engine (stage 01); PROMPT="..." asks another.
+ask: model
 	$(BIN)/python -m stages.01_naive_generate --chat --prompt "$(PROMPT)"
 
 # The whole CPU suite: unit and conformance tests, executed notebooks, and the strict docs build.

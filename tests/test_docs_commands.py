@@ -290,7 +290,7 @@ BOGUS_DOC = """
 Some prose with `python -m stages.01_naive_generate --inline` (inline code is not checked).
 
 ```bash
-make run PROMPT="Why is the sky blue?"   # a make variable is not a target
+make ask PROMPT="Why is the sky blue?"   # a make variable is not a target
 make no-such-target
 python -m stages.01_naive_generate --chat --prompt hi \\
     --no-such-flag "x"
@@ -327,7 +327,7 @@ def test_extraction_handles_continuations_env_chains_and_fences(tmp_path: Path) 
         argv for _, body in blocks for _, line in logical_lines(body, 1) for argv in simple_commands(line)
     ]
     assert argvs == [
-        ["make", "run", "PROMPT=Why is the sky blue?"],
+        ["make", "ask", "PROMPT=Why is the sky blue?"],
         ["make", "no-such-target"],
         ["python", "-m", "stages.01_naive_generate", "--chat", "--prompt", "hi", "--no-such-flag", "x"],
         ["python", "-m", "stages.02_paged_kv", "--num-pages", "lots", "--prompt", "a"],
@@ -346,7 +346,7 @@ def test_bogus_commands_are_caught() -> None:
              for argv in simple_commands(line)]  # fmt: skip
     problems = {shlex.join(a): check_command(a) for a in argvs}
     expected = {  # command -> a piece of the complaint (None: the command is fine)
-        "make run 'PROMPT=Why is the sky blue?'": None,
+        "make ask 'PROMPT=Why is the sky blue?'": None,
         ". .venv/bin/activate": None,
         "make no-such-target": "no-such-target",
         # argparse's own complaints come through: an unknown flag, a value of the wrong type
