@@ -60,6 +60,7 @@ docs-serve: docs-gen
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # CPU benchmarks (a few minutes on 2 cores), each run in a fresh process; results land in
 # benchmarks/results/ as JSON and the docs tables are regenerated from them. Stage 02's own

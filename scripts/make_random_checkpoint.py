@@ -91,8 +91,9 @@ def parameter_shapes(config: PretrainedConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def write_random_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype,
-                             seed: int) -> None:
+def write_random_safetensors(
+    path: Path, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, seed: int
+) -> None:
     """Stream random tensors into one safetensors file: N(0, 0.02) weights, norms exactly 1.
 
     The format is an 8-byte little-endian header length, a JSON header of name -> dtype, shape,
@@ -104,15 +105,17 @@ def write_random_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dty
     offset = 0
     for name, shape in shapes.items():
         nbytes = itemsize * int(torch.Size(shape).numel())
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape),
-                        "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     header_bytes += b" " * (-len(header_bytes) % 8)  # the data starts 8-byte aligned
 
     generator = torch.Generator().manual_seed(seed)
-    with open(path, "wb") as file, tqdm(total=offset, unit="B", unit_scale=True,
-                                        desc=path.name) as progress:
+    with open(path, "wb") as file, tqdm(total=offset, unit="B", unit_scale=True, desc=path.name) as progress:
         file.write(struct.pack("<Q", len(header_bytes)))
         file.write(header_bytes)
         for name, shape in shapes.items():
@@ -149,11 +152,17 @@ def make_qwen3_06b(out_dir: Path, dtype: torch.dtype, seed: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shape", required=True, choices=["qwen3-0.6b", "tiny-qwen3", "tiny-llama"])
     parser.add_argument("--out", required=True, type=Path, help="output folder (HF layout)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
-                        help="weight dtype (default: bfloat16 for qwen3-0.6b; tiny shapes are float32)")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="weight dtype (default: bfloat16 for qwen3-0.6b; tiny shapes are float32)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     args = parser.parse_args(argv)

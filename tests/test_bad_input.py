@@ -31,7 +31,9 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 @pytest.fixture(scope="module")
 def unsupported_model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gpt2")
-    (folder / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
+    )
     return folder
 
 

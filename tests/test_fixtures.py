@@ -142,8 +142,13 @@ def test_checkpoint_is_deterministic(tmp_path: Path, tiny_qwen3_dir: Path) -> No
 
 
 def test_rope_scaling_override_lands_in_rope_parameters(tmp_path: Path) -> None:
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 64}
+    llama3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     make_tiny_checkpoint(tmp_path, "llama", num_hidden_layers=1, rope_scaling=llama3)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["num_hidden_layers"] == 1
@@ -162,7 +167,7 @@ def test_hf_greedy_matches_full_recompute(tiny_model_dir: Path, tiny_tokenizer_d
     ids = list(prompts[1])
     for _ in range(8):
         ids.append(int(hf_logits(tiny_model_dir, ids)[-1].argmax()))
-    assert ids[len(prompts[1]):] == outputs[1]
+    assert ids[len(prompts[1]) :] == outputs[1]
 
 
 def test_step_logprobs_agree_with_greedy_and_logits(tiny_model_dir: Path, tiny_tokenizer_dir: Path) -> None:
@@ -191,8 +196,9 @@ def test_top2_logit_gaps_are_not_tiny(tiny_model_dir: Path, tiny_tokenizer_dir: 
 class _AlwaysEos(torch.nn.Module):
     """A stand-in model whose argmax is always EOS (id 2)."""
 
-    def forward(self, input_ids: torch.Tensor, past_key_values: object = None,
-                use_cache: bool = True) -> SimpleNamespace:
+    def forward(
+        self, input_ids: torch.Tensor, past_key_values: object = None, use_cache: bool = True
+    ) -> SimpleNamespace:
         logits = torch.zeros(1, input_ids.shape[1], 8)
         logits[..., 2] = 1.0
         return SimpleNamespace(logits=logits, past_key_values=None)
@@ -209,9 +215,18 @@ def test_greedy_does_not_stop_at_eos() -> None:
 def test_make_random_checkpoint_script_tiny(tmp_path: Path, tiny_qwen3_dir: Path) -> None:
     out = tmp_path / "ckpt"
     result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "make_random_checkpoint.py"),
-         "--shape", "tiny-qwen3", "--out", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,  # not the repo root
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "make_random_checkpoint.py"),
+            "--shape",
+            "tiny-qwen3",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,  # not the repo root
     )
     assert result.returncode == 0, result.stderr
     # Same seed, same shape: the very checkpoint the fixture built.

@@ -29,7 +29,9 @@ def test_prefill_logits_at_every_position_match_hf(arch, request):
     folder = request.getfixturevalue(f"tiny_{arch}_dir")
     llm = stage01.LLM(str(folder), device="cpu", dtype="float32")
     for prompt in sample_prompts(folder, n=3, seed=4):
-        torch.testing.assert_close(prefill_logits(llm, prompt), hf_logits(folder, prompt), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            prefill_logits(llm, prompt), hf_logits(folder, prompt), atol=1e-4, rtol=1e-4
+        )
 
 
 ROPE_SCALINGS = {
@@ -47,7 +49,9 @@ def test_rope_scaling_matches_hf(kind, tmp_path):
     prompts = sample_prompts(folder, n=2, seed=5)
     long_prompt = [t for p in sample_prompts(folder, n=12, seed=6) for t in p][:120]  # past 32/64
     for prompt in [*prompts, long_prompt]:
-        torch.testing.assert_close(prefill_logits(llm, prompt), hf_logits(folder, prompt), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            prefill_logits(llm, prompt), hf_logits(folder, prompt), atol=1e-4, rtol=1e-4
+        )
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy(folder, prompts, 16)
 

@@ -102,7 +102,10 @@ def test_tiny_pool_preempts_and_still_matches(tiny_qwen3_dir):
 def test_seeded_sampling_is_reproducible_in_a_batch(tiny_llama_dir):
     llm = stage02.LLM(str(tiny_llama_dir), device="cpu", dtype="float32")
     prompts = sample_prompts(tiny_llama_dir, n=4, seed=8)
-    params = [SamplingParams(temperature=1.0, top_p=0.9, seed=s, max_tokens=16, ignore_eos=True) for s in (1, 2, 3, 1)]
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9, seed=s, max_tokens=16, ignore_eos=True)
+        for s in (1, 2, 3, 1)
+    ]
     first = [o.token_ids for o in llm.generate(prompts, params)]
     again = [o.token_ids for o in llm.generate(prompts[::-1], params[::-1])][::-1]
     assert first == again  # a seeded request draws the same tokens whatever its batch

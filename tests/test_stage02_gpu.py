@@ -44,8 +44,14 @@ def test_flashinfer_matches_torch_backend(gpu_model_dir, page_size):
     prompts = sample_prompts(gpu_model_dir, n=8, seed=13)
     results = {}
     for attn in ("torch", "fi"):
-        llm = stage02.LLM(str(gpu_model_dir), device="cuda", dtype="bfloat16", attn=attn, page_size=page_size,
-                          num_pages=POOL_TOKENS // page_size)  # several engines share the GPU here
+        llm = stage02.LLM(
+            str(gpu_model_dir),
+            device="cuda",
+            dtype="bfloat16",
+            attn=attn,
+            page_size=page_size,
+            num_pages=POOL_TOKENS // page_size,
+        )  # several engines share the GPU here
         vocab = llm.config.vocab_size
         params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=vocab)
         results[attn] = llm.generate(prompts, params)
@@ -53,7 +59,10 @@ def test_flashinfer_matches_torch_backend(gpu_model_dir, page_size):
         assert fi.token_ids[:4] == ref.token_ids[:4]
         for step in range(2):  # the prefill step and the first decode step
             torch.testing.assert_close(
-                full_logprobs(fi.logprobs[step], vocab), full_logprobs(ref.logprobs[step], vocab), atol=0.1, rtol=0
+                full_logprobs(fi.logprobs[step], vocab),
+                full_logprobs(ref.logprobs[step], vocab),
+                atol=0.1,
+                rtol=0,
             )
 
 
@@ -62,8 +71,14 @@ def test_flashinfer_engine_on_qwen3_06b_shape(qwen3_06b_dir):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=64)
     outs = {}
     for attn in ("torch", "fi"):
-        llm = stage02.LLM(str(qwen3_06b_dir), device="cuda", dtype="bfloat16", attn=attn, page_size=16,
-                          num_pages=POOL_TOKENS // 16)
+        llm = stage02.LLM(
+            str(qwen3_06b_dir),
+            device="cuda",
+            dtype="bfloat16",
+            attn=attn,
+            page_size=16,
+            num_pages=POOL_TOKENS // 16,
+        )
         outs[attn] = llm.generate(prompts, params)
         assert llm.runner.allocator.num_free == llm.runner.allocator.num_pages
     for ref, fi in zip(outs["torch"], outs["fi"], strict=True):
@@ -81,9 +96,17 @@ def test_flashinfer_engine_on_qwen3_06b_shape(qwen3_06b_dir):
 def test_flashinfer_with_preemption(gpu_model_dir):
     prompts = sample_prompts(gpu_model_dir, n=6, seed=14)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    ample = stage02.LLM(str(gpu_model_dir), device="cuda", dtype="bfloat16", attn="fi", page_size=16,
-                        num_pages=POOL_TOKENS // 16)
-    tight = stage02.LLM(str(gpu_model_dir), device="cuda", dtype="bfloat16", attn="fi", page_size=16, num_pages=8)
+    ample = stage02.LLM(
+        str(gpu_model_dir),
+        device="cuda",
+        dtype="bfloat16",
+        attn="fi",
+        page_size=16,
+        num_pages=POOL_TOKENS // 16,
+    )
+    tight = stage02.LLM(
+        str(gpu_model_dir), device="cuda", dtype="bfloat16", attn="fi", page_size=16, num_pages=8
+    )
     a = ample.generate(prompts, params)
     b = tight.generate(prompts, params)
     assert tight.scheduler.num_preemptions > 0
@@ -102,7 +125,9 @@ def test_flashinfer_with_a_group_of_three_heads(tmp_path):
         llm = stage02.LLM(str(folder), device="cuda", dtype="bfloat16", attn=attn, page_size=16,
                           num_pages=POOL_TOKENS // 16)  # fmt: skip
         vocab = llm.config.vocab_size
-        outs[attn] = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=vocab))
+        outs[attn] = llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=vocab)
+        )
     # This checkpoint's logits are large (spread random weights): bf16 noise reaches ~0.3 in
     # logprob on an H200 with either decode kernel, so the tolerance is wider than elsewhere.
     compared = assert_agree_until_near_tie(outs["fi"], outs["torch"], vocab, atol=0.3)

@@ -63,7 +63,9 @@ def test_chunked_equals_unchunked(tiny_qwen3_dir, prompts, unchunked, budget, po
     for ours, ref in zip(outs, unchunked, strict=True):  # the last prompt token's whole distribution
         torch.testing.assert_close(torch.tensor(ours.logprobs[0]["top_logprobs"]),
                                    torch.tensor(ref.logprobs[0]["top_logprobs"]), atol=1e-4, rtol=1e-4)  # fmt: skip
-    assert llm.runner.allocator.num_free + len(llm.scheduler.cache.all_pages()) == llm.runner.allocator.num_pages
+    assert (
+        llm.runner.allocator.num_free + len(llm.scheduler.cache.all_pages()) == llm.runner.allocator.num_pages
+    )
 
 
 def test_budget_bounds_every_step(tiny_qwen3_dir, prompts):

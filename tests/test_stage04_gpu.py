@@ -67,7 +67,9 @@ def test_chunked_equals_unchunked_with_flashinfer(tmp_path, budget):
     for name, b in (("chunked", budget), ("whole", 4096)):
         llm = stage04.LLM(str(folder), device="cuda", dtype="bfloat16", attn="fi", page_size=16,
                           num_pages=POOL_TOKENS // 16, max_prefill_length=b)  # fmt: skip
-        outs[name] = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=20))
+        outs[name] = llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=20)
+        )
     for a, b in zip(outs["chunked"], outs["whole"], strict=True):
         assert a.token_ids[:3] == b.token_ids[:3]
         torch.testing.assert_close(torch.tensor(a.logprobs[0]["top_logprobs"]),

@@ -68,7 +68,9 @@ class LLM:
             if len(out.token_ids) == 1:
                 out.ttft_s = out.token_times[0]
             text, hit_stop = stream.push([token])
-            out.finish_reason = finish_reason(token, params, self.eos_ids, len(out.token_ids), max_new, hit_stop)
+            out.finish_reason = finish_reason(
+                token, params, self.eos_ids, len(out.token_ids), max_new, hit_stop
+            )
             if out.finish_reason and not hit_stop:
                 text += stream.finish()  # release text held back in case it began a stop string
             if on_text and text:
@@ -80,4 +82,5 @@ class LLM:
         out.latency_s = time.perf_counter() - start
         out.text = stream.text
         return out
+
     # --8<-- [end:generate]

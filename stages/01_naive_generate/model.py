@@ -28,6 +28,8 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+
 # --8<-- [end:rmsnorm]
 
 
@@ -35,7 +37,11 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+        )
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
@@ -67,6 +73,7 @@ class Attention(nn.Module):
             enable_gqa=True,  # each group of query heads shares one key/value head
         )
         return self.o_proj(out.transpose(0, 1).reshape(tokens, -1))
+
     # --8<-- [end:attention]
 
 
@@ -124,7 +131,11 @@ class CausalLM(nn.Module):
     # --8<-- [start:forward]
     @torch.inference_mode()
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, cache: ContiguousKVCache, all_logits: bool = False
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: ContiguousKVCache,
+        all_logits: bool = False,
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
@@ -132,6 +143,7 @@ class CausalLM(nn.Module):
         cache.advance(input_ids.shape[0])
         x = self.model.norm(x if all_logits else x[-1:])  # only the last token picks the next one
         return self.lm_head(x).float()
+
     # --8<-- [end:forward]
 
 

@@ -46,7 +46,9 @@ class LLM:
             folder, self.config, self.device, self.dtype, attn=attn, page_size=page_size, num_pages=num_pages,
             memory_ratio=memory_ratio, max_running=max_running_requests,
         )  # fmt: skip
-        self.scheduler = Scheduler(self.runner.allocator, self.runner.page_table, page_size, max_running_requests)
+        self.scheduler = Scheduler(
+            self.runner.allocator, self.runner.page_table, page_size, max_running_requests
+        )
         self.eos_ids = set(self.config.eos_token_ids)
         self.next_rid = 0
 
@@ -103,6 +105,7 @@ class LLM:
                 self.scheduler.finish(req)
                 finished.append((req.rid, out))
         return finished
+
     # --8<-- [end:step]
 
     def generate(
@@ -111,7 +114,9 @@ class LLM:
     ) -> list[RequestOutput]:  # fmt: skip
         params = params or SamplingParams()
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        order = {self.add_request(p, sp): i for i, (p, sp) in enumerate(zip(prompts, per_prompt, strict=True))}
+        order = {
+            self.add_request(p, sp): i for i, (p, sp) in enumerate(zip(prompts, per_prompt, strict=True))
+        }
         results: list[RequestOutput | None] = [None] * len(prompts)
         with tqdm(total=len(prompts), disable=not progress, desc="generate", unit="req") as bar:
             while self.has_unfinished():

@@ -35,6 +35,8 @@ class KVPool:
     def bytes_per_page(config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
         per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype.itemsize
         return per_token * page_size
+
+
 # --8<-- [end:pool]
 
 

@@ -62,12 +62,15 @@ class ModelRunner:
         device = self.device
         batch.input_ids = torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True)
         batch.positions = torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True)
-        batch.rows = torch.tensor([r.row for r in batch.requests], dtype=torch.long).to(device, non_blocking=True)
+        batch.rows = torch.tensor([r.row for r in batch.requests], dtype=torch.long).to(
+            device, non_blocking=True
+        )
         query_lens = torch.tensor(batch.query_lens, dtype=torch.long).to(device, non_blocking=True)
         batch.out_slots = self.page_table.slots(
             batch.rows.repeat_interleave(query_lens, output_size=len(ids)), batch.positions, self.page_size
         )
         batch.last_token_index = query_lens.cumsum(0) - 1
+
     # --8<-- [end:prepare]
 
     def forward(self, batch: Batch) -> torch.Tensor:

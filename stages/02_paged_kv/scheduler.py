@@ -69,6 +69,7 @@ class Scheduler:
             while req.status is Status.RUNNING and not self._grow(req, req.seq_len):
                 self._preempt(self.running[-1])
         return self._batch(self.running, is_prefill=False) if self.running else None
+
     # --8<-- [end:schedule]
 
     def _batch(self, reqs: list[Request], is_prefill: bool) -> Batch:
@@ -105,6 +106,7 @@ class Scheduler:
         req.num_computed = 0  # its KV is gone: prompt and output so far are prefilled again
         req.status = Status.WAITING
         self.waiting.appendleft(req)
+
     # --8<-- [end:preempt]
 
     def finish(self, req: Request) -> None:

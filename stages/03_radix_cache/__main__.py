@@ -38,7 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn", default="auto", help="attention backend: torch, fi, PREFILL,DECODE or auto")
     p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (default 1)")
     p.add_argument("--num-pages", type=int, default=None, help="KV pages in the pool (default: from memory)")
-    p.add_argument("--memory-ratio", type=float, default=0.9, help="share of GPU memory for weights + KV cache")
+    p.add_argument(
+        "--memory-ratio", type=float, default=0.9, help="share of GPU memory for weights + KV cache"
+    )
     p.add_argument("--max-running-requests", type=int, default=256, help="most requests decoding at once")
     p.add_argument(
         "--cache", "--cache-type", choices=sorted(CACHES), default="radix",

@@ -29,6 +29,8 @@ def rope_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
     if kind == "yarn":
         return _yarn(dim, base, scaling)
     raise ValueError(f"unknown RoPE type {kind}")  # load_model_config rejects these first
+
+
 # --8<-- [end:frequencies]
 
 
@@ -95,4 +97,6 @@ class RotaryEmbedding:
         first, second = x.chunk(2, dim=-1)
         rotated_half = torch.cat([-second, first], dim=-1)
         return x * cos + rotated_half * sin
+
+
 # --8<-- [end:apply]

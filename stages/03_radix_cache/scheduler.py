@@ -120,6 +120,7 @@ class Scheduler:
             while req.status is Status.RUNNING and not self._grow(req, req.seq_len):
                 self._preempt(self.running[-1])
         return self._batch(self.running, is_prefill=False) if self.running else None
+
     # --8<-- [end:schedule]
 
     def _batch(self, reqs: list[Request], is_prefill: bool) -> Batch:
@@ -183,6 +184,7 @@ class Scheduler:
             self.page_table.write(req.row, start, held[start:])
         req.pages[: len(held)] = held
         req.num_shared_pages, req.cache_handle = len(held), handle
+
     # --8<-- [end:cache_request]
 
     def _release(self, req: Request) -> None:

@@ -39,14 +39,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn", default="auto", help="attention backend: torch, fi, PREFILL,DECODE or auto")
     p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (default 1)")
     p.add_argument("--num-pages", type=int, default=None, help="KV pages in the pool (default: from memory)")
-    p.add_argument("--memory-ratio", type=float, default=0.9, help="share of GPU memory for weights + KV cache")
+    p.add_argument(
+        "--memory-ratio", type=float, default=0.9, help="share of GPU memory for weights + KV cache"
+    )
     p.add_argument("--max-running-requests", type=int, default=256, help="most requests decoding at once")
     p.add_argument(
-        "--cache", "--cache-type", choices=sorted(CACHES), default="radix",
+        "--cache",
+        "--cache-type",
+        choices=sorted(CACHES),
+        default="radix",
         help="prefix cache: radix reuses shared prefixes (default), naive recomputes every prompt",
     )
     p.add_argument(
-        "--max-prefill-length", type=int, default=DEFAULT_MAX_PREFILL_LENGTH,
+        "--max-prefill-length",
+        type=int,
+        default=DEFAULT_MAX_PREFILL_LENGTH,
         help=f"prompt tokens one step computes; longer prompts are chunked (default {DEFAULT_MAX_PREFILL_LENGTH})",
     )
     p.add_argument(

@@ -128,6 +128,7 @@ class LLM:
                 # The prompt is in the pool now: requests that arrive while this one decodes reuse it.
                 self.scheduler.cache_request(req)
         return finished
+
     # --8<-- [end:step]
 
     def generate(
@@ -136,7 +137,9 @@ class LLM:
     ) -> list[RequestOutput]:  # fmt: skip
         params = params or SamplingParams()
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        order = {self.add_request(p, sp): i for i, (p, sp) in enumerate(zip(prompts, per_prompt, strict=True))}
+        order = {
+            self.add_request(p, sp): i for i, (p, sp) in enumerate(zip(prompts, per_prompt, strict=True))
+        }
         results: list[RequestOutput | None] = [None] * len(prompts)
         with tqdm(total=len(prompts), disable=not progress, desc="generate", unit="req") as bar:
             while self.has_unfinished():

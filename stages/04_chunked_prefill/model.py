@@ -34,7 +34,11 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+        )
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, q_size, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=config.qkv_bias)
@@ -47,7 +51,12 @@ class Attention(nn.Module):
 
     # --8<-- [start:attention]
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, backend: AttentionBackend, batch: Batch
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        backend: AttentionBackend,
+        batch: Batch,
     ) -> torch.Tensor:
         tokens = x.shape[0]  # the new tokens of every request in the batch, concatenated
         q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
@@ -58,6 +67,7 @@ class Attention(nn.Module):
         q, k = rope(q, positions), rope(k, positions)
         # The backend writes k and v into the request's pages and attends over all its pages.
         return self.o_proj(backend.forward(self.layer, q, k, v, batch))
+
     # --8<-- [end:attention]
 
 
@@ -114,6 +124,7 @@ class CausalLM(nn.Module):
             x = layer(x, positions, self.rope, backend, batch)
         x = self.model.norm(x[batch.last_token_index])  # one row per request picks its next token
         return self.lm_head(x).float()
+
     # --8<-- [end:forward]
 
 

@@ -33,6 +33,7 @@ class PageTable:
         """Pool slot of each token, given its request's row and its position: [T] -> [T]."""
         pages = self.table[rows, positions // page_size].long()
         return pages * page_size + positions % page_size
+
     # --8<-- [end:slots]
 
     def pages_of(self, rows: torch.Tensor, num_pages: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,9 @@ class ModelRunner:
         device = self.device
         batch.input_ids = torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True)
         batch.positions = torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True)
-        batch.rows = torch.tensor([r.row for r in batch.requests], dtype=torch.long).to(device, non_blocking=True)
+        batch.rows = torch.tensor([r.row for r in batch.requests], dtype=torch.long).to(
+            device, non_blocking=True
+        )
         query_lens = torch.tensor(batch.query_lens, dtype=torch.long).to(device, non_blocking=True)
         batch.out_slots = self.page_table.slots(
             batch.rows.repeat_interleave(query_lens, output_size=len(ids)), batch.positions, self.page_size
@@ -73,6 +75,7 @@ class ModelRunner:
         ends = list(accumulate(batch.query_lens))
         last = [end - 1 for end, sampled in zip(ends, batch.sampled, strict=True) if sampled]
         batch.last_token_index = torch.tensor(last, dtype=torch.long).to(device, non_blocking=True)
+
     # --8<-- [end:prepare]
 
     def forward(self, batch: Batch) -> torch.Tensor:

@@ -80,6 +80,7 @@ class Scheduler:
             self._preempt(self.running[-1])
             return self.schedule()
         return self._batch(work) if work else None
+
     # --8<-- [end:policy]
 
     # --8<-- [start:decodes]
@@ -94,6 +95,7 @@ class Scheduler:
     @staticmethod
     def _is_decoding(req: Request) -> bool:
         return bool(req.output_ids) and req.num_uncomputed == 1
+
     # --8<-- [end:decodes]
 
     # --8<-- [start:chunks]
@@ -138,6 +140,7 @@ class Scheduler:
             budget -= size
         self.waiting.extendleft(reversed(later))
         return chunks
+
     # --8<-- [end:chunks]
 
     def _admit(self, req: Request, pages: list[int], handle: Handle, length: int) -> None:
@@ -162,6 +165,7 @@ class Scheduler:
             return False
         head = req.tokens(0, end)
         return any(other.seq_len >= end and other.tokens(0, end) == head for other in admitted)
+
     # --8<-- [end:schedule]
 
     # --8<-- [start:batch]
@@ -176,6 +180,7 @@ class Scheduler:
             # A request is sampled when this step reaches the end of its tokens; a cut prompt is not.
             sampled=[c == r.seq_len for (r, _), c in zip(work, computed, strict=True)],
         )
+
     # --8<-- [end:batch]
 
     def _pages_needed(self, req: Request, length: int) -> int:
@@ -231,6 +236,7 @@ class Scheduler:
             self.page_table.write(req.row, start, held[start:])
         req.pages[: len(held)] = held
         req.num_shared_pages, req.cache_handle = len(held), handle
+
     # --8<-- [end:cache_request]
 
     def _release(self, req: Request) -> None:

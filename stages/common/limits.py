@@ -8,7 +8,9 @@ from .errors import UserError
 from .sampling import SamplingParams
 
 
-def max_new_tokens(prompt_ids: Sequence[int], params: SamplingParams, max_context: int, vocab_size: int) -> int:
+def max_new_tokens(
+    prompt_ids: Sequence[int], params: SamplingParams, max_context: int, vocab_size: int
+) -> int:
     """Reject prompts that cannot be served; return how many tokens the request may generate."""
     if not prompt_ids:
         raise UserError("the prompt is empty")
@@ -24,9 +26,14 @@ def max_new_tokens(prompt_ids: Sequence[int], params: SamplingParams, max_contex
 
 
 def finish_reason(
-    token: int, params: SamplingParams, eos_ids: Collection[int], num_generated: int, max_new: int, hit_stop: bool
+    token: int,
+    params: SamplingParams,
+    eos_ids: Collection[int],
+    num_generated: int,
+    max_new: int,
+    hit_stop: bool,
 ) -> str | None:
-    """"stop" for EOS, a stop token or a stop string; "length" when out of tokens; else None."""
+    """ "stop" for EOS, a stop token or a stop string; "length" when out of tokens; else None."""
     if hit_stop or token in params.stop_token_ids:
         return "stop"
     if token in eos_ids and not params.ignore_eos:

@@ -108,7 +108,9 @@ def _rope_parameters(raw: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     rope_type = merged.pop("rope_type", None) or merged.pop("type", None) or "default"
     merged.pop("type", None)
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise UserError(f"unsupported RoPE scaling {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+        raise UserError(
+            f"unsupported RoPE scaling {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
     if rope_type != "default":
         merged.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings"))
     return float(theta), ({"rope_type": rope_type, **merged} if rope_type != "default" else {})

@@ -36,7 +36,10 @@ class SamplingParams:
     def validate(self) -> None:
         checks: list[tuple[bool, str]] = [
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (self.top_k == -1 or self.top_k >= 0, f"top_k must be >= 1, or -1 or 0 for no limit, got {self.top_k}"),
+            (
+                self.top_k == -1 or self.top_k >= 0,
+                f"top_k must be >= 1, or -1 or 0 for no limit, got {self.top_k}",
+            ),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
             (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
@@ -127,6 +130,8 @@ def _draw(logits: torch.Tensor, params: list[SamplingParams], generators: list[t
         if gen is not None:
             noise[row].exponential_(generator=gen)
     return (probs / noise).argmax(dim=-1)
+
+
 # --8<-- [end:draw]
 
 

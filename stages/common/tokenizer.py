@@ -75,6 +75,7 @@ class IncrementalDetokenizer:
             return ""  # nothing printable yet: wait for the rest of the character
         self.prefix, self.read = self.read, len(self.ids)
         return after[len(before) :]
+
     # --8<-- [end:detokenize]
 
 
@@ -105,6 +106,7 @@ class StopStringMatcher:
                     break
         self.pending = buf[len(buf) - hold :]
         return buf[: len(buf) - hold], False
+
     # --8<-- [end:stop]
 
     def flush(self) -> str:

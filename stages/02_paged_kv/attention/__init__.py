@@ -49,7 +49,9 @@ def create_backend(spec: str, config, pool, page_table) -> AttentionBackend:
     prefill, decode = resolve_names(spec, pool.k.device.type, pool.k.dtype)
     if prefill == decode:
         return _create_one(prefill, config, pool, page_table)
-    return HybridBackend(_create_one(prefill, config, pool, page_table), _create_one(decode, config, pool, page_table))
+    return HybridBackend(
+        _create_one(prefill, config, pool, page_table), _create_one(decode, config, pool, page_table)
+    )
 
 
 __all__ = ["AttentionBackend", "BACKENDS", "create_backend", "resolve_names"]

@@ -43,4 +43,5 @@ class TorchBackend(AttentionBackend):
                 enable_gqa=True,
             ).transpose(0, 1)
         return out.reshape(q.shape[0], -1)
+
     # --8<-- [end:forward]

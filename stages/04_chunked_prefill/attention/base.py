@@ -28,7 +28,9 @@ class AttentionBackend(ABC):
         """Called once per step, before the forward pass."""
 
     @abstractmethod
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch
+    ) -> torch.Tensor:
         """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] of this step's tokens -> [T, heads * head_dim]."""
 
 

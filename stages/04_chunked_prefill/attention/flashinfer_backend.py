@@ -23,7 +23,9 @@ class FlashInferBackend(AttentionBackend):
         try:
             import flashinfer
         except ImportError as err:
-            raise UserError("--attn fi needs FlashInfer: pip install flashinfer-python (CUDA GPUs only)") from err
+            raise UserError(
+                "--attn fi needs FlashInfer: pip install flashinfer-python (CUDA GPUs only)"
+            ) from err
         device = pool.k.device
         if device.type != "cuda":
             raise UserError("--attn fi runs on CUDA GPUs only; use --attn torch on the CPU")
@@ -34,7 +36,9 @@ class FlashInferBackend(AttentionBackend):
         # layout (on an H200 the CUDA-core kernel measured as close to torch there).
         group = config.num_heads // config.num_kv_heads
         use_tc = group >= 4 or group & (group - 1) != 0
-        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=use_tc)
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=use_tc
+        )
 
     # --8<-- [start:prepare]
     def prepare(self, batch: Batch) -> None:
@@ -58,6 +62,7 @@ class FlashInferBackend(AttentionBackend):
                 kv_indptr, kv_indices, last_page_len, c.num_heads, c.num_kv_heads, c.head_dim, page_size,
                 pos_encoding_mode="NONE", q_data_type=dtype, kv_data_type=dtype,
             )  # fmt: skip
+
     # --8<-- [end:prepare]
 
     def forward(self, layer, q, k, v, batch):
