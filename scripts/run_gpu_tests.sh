@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the GPU-marked tests (`gpu or multi_gpu`) on a CUDA host.
+# Runs the GPU-marked tests (`gpu or multi_gpu`) on a CUDA host (a lent host with no package index:
+# install what they need with scripts/device_kit.sh first).
 #
 #   bash scripts/run_gpu_tests.sh [extra pytest arguments, e.g. -x or tests/test_attention.py]
 #
