@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,6 +81,15 @@ def tiny_mistral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_model_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
     """The two shapes the conformance suite runs over (the test id says which)."""
     yield request.getfixturevalue(f"tiny_{request.param}_dir")
+
+
+@pytest.fixture(scope="session")
+def qwen3_06b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Qwen3-0.6B-shaped random checkpoint (bf16, ~1.2 GB) of the GPU tests, written once."""
+    out = tmp_path_factory.mktemp("qwen3_06b") / "ckpt"
+    subprocess.run([sys.executable, "scripts/make_random_checkpoint.py", "--shape", "qwen3-0.6b", "--out", str(out)],
+                   cwd=REPO_ROOT, check=True)  # fmt: skip
+    return out
 
 
 @pytest.fixture(scope="session")

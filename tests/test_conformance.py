@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from stages.common.sampling import SamplingParams
+from tests.fixtures.driving import full_logprobs, serve_at_steps
 from tests.fixtures.tiny_models import hf_greedy, hf_step_logprobs, sample_prompts
 from tests.stage_list import ENGINES, load
 
@@ -47,9 +48,7 @@ def test_logprobs_match_hf(engine, tiny_model_dir):
     out = llm.generate([prompt], greedy(steps, logprobs=vocab))[0]
     assert len(out.logprobs) == steps
     for step, entry in enumerate(out.logprobs):
-        ours = torch.full((vocab,), float("nan"))
-        ours[torch.tensor(entry["top_ids"])] = torch.tensor(entry["top_logprobs"])
-        torch.testing.assert_close(ours, reference[step], atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(full_logprobs(entry, vocab), reference[step], atol=2e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -64,18 +63,8 @@ def test_batch_of_varied_lengths_arriving_at_different_steps(engine, tiny_model_
         assert [o.token_ids for o in outputs] == expected
         return
     arrivals = [0, 0, 3, 3, 7, 12]  # step at which each request is added
-    ids: dict[int, int] = {}
-    finished: dict[int, list[int]] = {}
-    step = 0
-    while len(finished) < len(prompts):
-        for i, at in enumerate(arrivals):
-            if at == step:
-                ids[llm.add_request(prompts[i], greedy())] = i
-        for rid, output in llm.step():
-            finished[ids[rid]] = output.token_ids
-        step += 1
-        assert step < 10_000, "the engine stopped making progress"
-    assert [finished[i] for i in range(len(prompts))] == expected
+    outputs = serve_at_steps(llm, prompts, greedy(), arrivals)
+    assert [o.token_ids for o in outputs] == expected
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -17,6 +17,7 @@ import torch
 import final
 from final.core.sampling_params import SamplingParams
 from scripts.render_results import parse_result
+from tests.fixtures.driving import full_logprobs
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.test_final_server import USER, Server
 
@@ -33,23 +34,9 @@ def gpu_model_dir(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("gpu_qwen3"), "qwen3", head_dim=128)
 
 
-@pytest.fixture(scope="module")
-def qwen3_06b_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen3_06b") / "ckpt"
-    subprocess.run([sys.executable, "scripts/make_random_checkpoint.py", "--shape", "qwen3-0.6b", "--out", str(out)],
-                   cwd=ROOT, check=True)  # fmt: skip
-    return out
-
-
 def gpu_llm(model_dir, attn: str, page_size: int = 16, num_pages: int | None = None) -> final.LLM:
     return final.LLM(str(model_dir), device="cuda", dtype="bfloat16", attn=attn, page_size=page_size,
                      num_pages=num_pages or POOL_TOKENS // page_size)  # fmt: skip
-
-
-def full_logprobs(entry: dict, vocab: int) -> torch.Tensor:
-    out = torch.full((vocab,), float("nan"))
-    out[torch.tensor(entry["top_ids"])] = torch.tensor(entry["top_logprobs"])
-    return out
 
 
 def assert_pool_is_whole(llm: final.LLM) -> None:

@@ -3,16 +3,14 @@ Qwen3-0.6B-shaped checkpoint."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from stages.common.sampling import SamplingParams
+from tests.fixtures.driving import full_logprobs
 from tests.fixtures.gpu_compare import assert_agree_until_near_tie
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
-from tests.stage_list import ROOT, load
+from tests.stage_list import load
 
 pytestmark = pytest.mark.gpu
 
@@ -23,20 +21,6 @@ POOL_TOKENS = 65536
 @pytest.fixture(scope="module")
 def gpu_model_dir(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("gpu_qwen3"), "qwen3", head_dim=128)
-
-
-@pytest.fixture(scope="module")
-def qwen3_06b_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen3_06b") / "ckpt"
-    subprocess.run([sys.executable, "scripts/make_random_checkpoint.py", "--shape", "qwen3-0.6b", "--out", str(out)],
-                   cwd=ROOT, check=True)  # fmt: skip
-    return out
-
-
-def full_logprobs(entry: dict, vocab: int) -> torch.Tensor:
-    out = torch.full((vocab,), float("nan"))
-    out[torch.tensor(entry["top_ids"])] = torch.tensor(entry["top_logprobs"])
-    return out
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

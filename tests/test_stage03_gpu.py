@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from stages.common.sampling import SamplingParams
+from tests.fixtures.driving import serve_at_steps
 from tests.fixtures.gpu_compare import assert_agree_until_near_tie
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.stage_list import load
@@ -36,19 +37,8 @@ def sharing_prompts(model_dir) -> list[list[int]]:
     return prompts + [prompts[0], prompts[3], system, base[0], base[7]]
 
 
-def serve(llm, prompts, arrivals, params) -> list:
-    """Add prompts[i] at step arrivals[i], check the page accounting after every step."""
-    ids, outputs, step = {}, {}, 0
-    while len(outputs) < len(prompts):
-        for i, at in enumerate(arrivals):
-            if at == step:
-                ids[llm.add_request(prompts[i], params)] = i
-        for rid, out in llm.step():
-            outputs[ids[rid]] = out
-        llm.scheduler.check_integrity()
-        step += 1
-        assert step < 5000
-    return [outputs[i] for i in range(len(prompts))]
+def greedy_logprobs(vocab: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, logprobs=vocab)
 
 
 def assert_close_outputs(ours, reference, vocab: int) -> None:
@@ -85,8 +75,8 @@ def test_radix_matches_naive_with_flashinfer(gpu_model_dir, page_size):
     for cache in ("naive", "radix"):
         llm = make(gpu_model_dir, attn="fi", page_size=page_size, cache=cache)
         vocab = llm.config.vocab_size
-        outs[cache] = serve(llm, prompts, arrivals, SamplingParams(temperature=0, max_tokens=STEPS,
-                                                                  ignore_eos=True, logprobs=vocab))  # fmt: skip
+        outs[cache] = serve_at_steps(llm, prompts, greedy_logprobs(vocab), arrivals,
+                                     llm.scheduler.check_integrity, max_steps=5000)  # fmt: skip
     assert sum(o.cached_tokens for o in outs["radix"]) >= 5 * 32, "the prompts were meant to share"
     assert_close_outputs(outs["radix"], outs["naive"], vocab)
 
@@ -131,8 +121,8 @@ def test_eviction_pressure_with_flashinfer(gpu_model_dir, page_size):
                    num_pages=-(-2 * longest // page_size) + 4)  # fmt: skip
         vocab = llm.config.vocab_size
         evicted = record_evictions(llm)
-        outs[cache] = serve(llm, prompts, arrivals, SamplingParams(temperature=0, max_tokens=STEPS,
-                                                                  ignore_eos=True, logprobs=vocab))  # fmt: skip
+        outs[cache] = serve_at_steps(llm, prompts, greedy_logprobs(vocab), arrivals,
+                                     llm.scheduler.check_integrity, max_steps=5000)  # fmt: skip
         if cache == "radix":
             assert evicted, "the pool was meant to run dry and evict"
     assert_close_outputs(outs["radix"], outs["naive"], vocab)

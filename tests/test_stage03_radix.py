@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from stages.common.errors import UserError
 from stages.common.sampling import SamplingParams
+from tests.fixtures.driving import full_logprobs, serve_at_steps
 from tests.fixtures.tiny_models import hf_greedy, hf_step_logprobs, sample_prompts
 from tests.stage_list import load
 
@@ -361,24 +362,6 @@ def sharing_prompts(model_dir, prefix_len: int = 40) -> list[list[int]]:
     return prompts
 
 
-def run_steps(llm, prompts, params, arrivals, check=None) -> list:
-    """Add prompts[i] at step arrivals[i]; step until all finish; return outputs in order."""
-    ids: dict[int, int] = {}
-    outputs: dict[int, object] = {}
-    step = 0
-    while len(outputs) < len(prompts):
-        for i, at in enumerate(arrivals):
-            if at == step:
-                ids[llm.add_request(prompts[i], params)] = i
-        for rid, out in llm.step():
-            outputs[ids[rid]] = out
-        if check is not None:
-            check()
-        step += 1
-        assert step < 5000, "no progress"
-    return [outputs[i] for i in range(len(prompts))]
-
-
 def new_llm(module, model_dir, **kwargs):
     return module.LLM(str(model_dir), device="cpu", dtype="float32", **kwargs)
 
@@ -394,7 +377,7 @@ def test_radix_equals_naive_stage02_and_hf(tiny_model_dir, page_size):
     ]:  # fmt: skip
         llm = new_llm(module, tiny_model_dir, page_size=page_size, **kwargs)
         check = llm.scheduler.check_integrity if module is stage03 else None
-        results[name] = run_steps(llm, prompts, greedy(), arrivals, check)
+        results[name] = serve_at_steps(llm, prompts, greedy(), arrivals, check, max_steps=5000)
         if name == "radix":
             hits = [o.cached_tokens for o in results[name]]
             assert sum(hits) >= 5 * 32, f"expected heavy reuse, got {hits}"
@@ -427,7 +410,9 @@ def test_eviction_pressure(tiny_qwen3_dir, page_size, monkeypatch):
 
     monkeypatch.setattr(llm.scheduler.cache, "evict", counting_evict)
     arrivals = [i // 3 for i in range(len(prompts))]
-    outputs = run_steps(llm, prompts, greedy(24), arrivals, llm.scheduler.check_integrity)
+    outputs = serve_at_steps(
+        llm, prompts, greedy(24), arrivals, llm.scheduler.check_integrity, max_steps=5000
+    )
     assert [o.token_ids for o in outputs] == expected
     assert evicted, "the pool was meant to run dry and evict"
     assert sum(o.cached_tokens for o in outputs) > 0
@@ -443,7 +428,9 @@ def test_preemption_with_radix(tiny_llama_dir):
         llm = new_llm(
             stage03, tiny_llama_dir, page_size=page_size, num_pages=-(-(longest + 8) // page_size) + 2
         )
-        outputs = run_steps(llm, prompts, greedy(40), [0] * len(prompts), llm.scheduler.check_integrity)
+        outputs = serve_at_steps(
+            llm, prompts, greedy(40), check=llm.scheduler.check_integrity, max_steps=5000
+        )
         assert [o.token_ids for o in outputs] == expected
         assert llm.scheduler.num_preemptions > 0, "the pool was meant to run dry"
 
@@ -460,9 +447,7 @@ def test_full_prefix_hit_matches_hf_logprobs(tiny_model_dir, page_size):
     assert second.cached_tokens == (len(prompt) - 1) // page_size * page_size  # all but the last token
     assert second.token_ids == first.token_ids
     for step, entry in enumerate(second.logprobs):
-        ours = torch.full((vocab,), float("nan"))
-        ours[torch.tensor(entry["top_ids"])] = torch.tensor(entry["top_logprobs"])
-        torch.testing.assert_close(ours, reference[step], atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(full_logprobs(entry, vocab), reference[step], atol=2e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)

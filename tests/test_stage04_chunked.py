@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from stages.common.sampling import SamplingParams
+from tests.fixtures.driving import serve_at_steps
 from tests.fixtures.tiny_models import hf_greedy, sample_prompts
 from tests.stage_list import load
 
@@ -20,23 +21,6 @@ NEW = 12
 
 def greedy(n=NEW, **kw):
     return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, **kw)
-
-
-def run_stepwise(llm, prompts, params, arrivals=None, check=None):
-    """Add prompts at their arrival steps and step until all finish; call `check` after each step."""
-    arrivals = arrivals or [0] * len(prompts)
-    ids, results, step = {}, {}, 0
-    while len(results) < len(prompts):
-        for i, at in enumerate(arrivals):
-            if at == step:
-                ids[llm.add_request(prompts[i], params)] = i
-        for rid, out in llm.step():
-            results[ids[rid]] = out
-        if check:
-            check(llm)
-        step += 1
-        assert step < 20_000, "no progress"
-    return [results[i] for i in range(len(prompts))]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +41,8 @@ def unchunked(tiny_qwen3_dir, prompts):
 def test_chunked_equals_unchunked(tiny_qwen3_dir, prompts, unchunked, budget, policy):
     llm = stage04.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", max_prefill_length=budget,
                       chunk_policy=policy)  # fmt: skip
-    outs = run_stepwise(llm, prompts, greedy(logprobs=llm.config.vocab_size), arrivals=[0, 0, 2, 5, 9, 30],
-                        check=lambda e: e.scheduler.check_integrity())  # fmt: skip
+    outs = serve_at_steps(llm, prompts, greedy(logprobs=llm.config.vocab_size), [0, 0, 2, 5, 9, 30],
+                          llm.scheduler.check_integrity, max_steps=20_000)  # fmt: skip
     assert [o.token_ids for o in outs] == [o.token_ids for o in unchunked]
     for ours, ref in zip(outs, unchunked, strict=True):  # the last prompt token's whole distribution
         torch.testing.assert_close(torch.tensor(ours.logprobs[0]["top_logprobs"]),
@@ -147,6 +131,6 @@ def test_chunking_with_preemption(tiny_qwen3_dir, prompts):
     longest = max(len(p) for p in prompts) + 30
     llm = stage04.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", max_prefill_length=20, page_size=4,
                       num_pages=-(-longest // 4) + 6)  # fmt: skip
-    outs = run_stepwise(llm, prompts, greedy(30), check=lambda e: e.scheduler.check_integrity())
+    outs = serve_at_steps(llm, prompts, greedy(30), check=llm.scheduler.check_integrity, max_steps=20_000)
     assert [o.token_ids for o in outs] == expected
     assert llm.scheduler.num_preemptions > 0

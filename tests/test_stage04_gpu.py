@@ -3,28 +3,17 @@ equals unchunked with FlashInfer."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from stages.common.sampling import SamplingParams
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
-from tests.stage_list import ROOT, load
+from tests.stage_list import load
 
 pytestmark = pytest.mark.gpu
 
 stage04 = load("stages.04_chunked_prefill")
 POOL_TOKENS = 65536
-
-
-@pytest.fixture(scope="module")
-def qwen3_06b_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen3_06b") / "ckpt"
-    subprocess.run([sys.executable, "scripts/make_random_checkpoint.py", "--shape", "qwen3-0.6b", "--out", str(out)],
-                   cwd=ROOT, check=True)  # fmt: skip
-    return out
 
 
 def peak_prefill_gb(llm, prompt_len: int) -> float:
