@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scripts import generated  # noqa: E402
 from scripts.stages import IMPLICIT_CHANGED, ROOT, list_stages, stage_files  # noqa: E402
 
 GENERATED_DIR = Path("docs/generated")
@@ -177,37 +178,15 @@ def render_all(root: Path = ROOT) -> dict[Path, str]:
 def stale_files(root: Path = ROOT) -> list[Path]:
     """Committed fragments that differ from a fresh rendering, are missing, or belong to no stage."""
     root = Path(root)
-    rendered = render_all(root)
-    stale = [
-        p
-        for p, text in rendered.items()
-        if not (root / p).is_file() or (root / p).read_text(encoding="utf-8") != text
-    ]
-    stale += sorted(
-        p.relative_to(root)
-        for p in (root / GENERATED_DIR).glob("diff_*.md")
-        if p.relative_to(root) not in rendered
-    )
-    return stale
+    return generated.stale_files(root, render_all(root), GENERATED_DIR, "diff_*.md")
 
 
 def write_all(root: Path = ROOT) -> list[str]:
     root = Path(root)
     rendered = render_all(root)
     (root / GENERATED_DIR).mkdir(parents=True, exist_ok=True)
-    report = []
-    for path, text in rendered.items():
-        target = root / path
-        if target.is_file() and target.read_text(encoding="utf-8") == text:
-            report.append(f"same     {path}")
-        else:
-            target.write_text(text, encoding="utf-8", newline="\n")
-            report.append(f"wrote    {path}")
-    for orphan in sorted((root / GENERATED_DIR).glob("diff_*.md")):
-        if orphan.relative_to(root) not in rendered:
-            orphan.unlink()
-            report.append(f"removed  {orphan.relative_to(root)}")
-    return report
+    report = generated.write_files(root, rendered)
+    return report + generated.remove_orphans(root, GENERATED_DIR, "diff_*.md", rendered)
 
 
 def main(argv: list[str] | None = None) -> int:

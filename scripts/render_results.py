@@ -30,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scripts import generated  # noqa: E402
 from scripts.stages import ROOT, list_stages  # noqa: E402
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -351,45 +352,21 @@ def render_markdown(root: Path = ROOT) -> dict[Path, str]:
 
 def stale_files(root: Path = ROOT) -> list[Path]:
     root = Path(root)
-    pages = render_markdown(root)
-    stale = [
-        p
-        for p, text in pages.items()
-        if not (root / p).is_file() or (root / p).read_text(encoding="utf-8") != text
-    ]
-    stale += sorted(
-        p.relative_to(root)
-        for p in (root / GENERATED_DIR).glob("results_*.md")
-        if p.relative_to(root) not in pages
-    )
-    return stale
+    return generated.stale_files(root, render_markdown(root), GENERATED_DIR, "results_*.md")
 
 
 def write_all(root: Path = ROOT) -> list[str]:
     root = Path(root)
     groups = group_results(root)
     pages = render_markdown(root)
-    report = []
     (root / GENERATED_DIR).mkdir(parents=True, exist_ok=True)
-    for path, text in pages.items():
-        target = root / path
-        if target.is_file() and target.read_text(encoding="utf-8") == text:
-            report.append(f"same     {path}")
-        else:
-            target.write_text(text, encoding="utf-8", newline="\n")
-            report.append(f"wrote    {path}")
+    report = generated.write_files(root, pages)
     plots = {PLOTS_DIR / f"{group}.png": results for group, results in groups.items() if has_plot(results)}
     for path, results in plots.items():
         plot_group(path.stem, results, root / path)
         report.append(f"plotted  {path}")
-    for orphan in sorted((root / GENERATED_DIR).glob("results_*.md")):
-        if orphan.relative_to(root) not in pages:
-            orphan.unlink()
-            report.append(f"removed  {orphan.relative_to(root)}")
-    for orphan in sorted((root / PLOTS_DIR).glob("*.png")):
-        if orphan.relative_to(root) not in plots:
-            orphan.unlink()
-            report.append(f"removed  {orphan.relative_to(root)}")
+    report += generated.remove_orphans(root, GENERATED_DIR, "results_*.md", pages)
+    report += generated.remove_orphans(root, PLOTS_DIR, "*.png", plots)
     return report
 
 
