@@ -52,38 +52,77 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the model name the API reports and accepts; default: the folder's name",
     )
-    model.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"],
-                       help="weights and activations; auto: float32 on the CPU, the checkpoint's (bf16 for fp32 ones) on a GPU")  # fmt: skip
+    model.add_argument(
+        "--dtype",
+        default=defaults.dtype,
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights and activations; auto: float32 on the CPU, the checkpoint's (bf16 for fp32 ones) on a GPU",
+    )
     model.add_argument(
         "--device", default=defaults.device, help="cpu, cuda, cuda:N or auto (CUDA when available)"
     )
-    model.add_argument("--max-seq-len-override", type=int, default=None,
-                       help="cap the context length (prompt + answer) below the model's own")  # fmt: skip
+    model.add_argument(
+        "--max-seq-len-override",
+        type=int,
+        default=None,
+        help="cap the context length (prompt + answer) below the model's own",
+    )
 
     engine = p.add_argument_group("engine")
-    engine.add_argument("--attn", default=defaults.attn,
-                        help="attention backend: torch, fi (FlashInfer), fa and trtllm (not ported yet), "
-                        "PREFILL,DECODE (e.g. torch,fi), or auto (fi on CUDA when installed and the dtype is "
-                        "bf16 or fp16, else torch)")  # fmt: skip
+    engine.add_argument(
+        "--attn",
+        default=defaults.attn,
+        help="attention backend: torch, fi (FlashInfer), fa and trtllm (not ported yet), "
+        "PREFILL,DECODE (e.g. torch,fi), or auto (fi on CUDA when installed and the dtype is "
+        "bf16 or fp16, else torch)",
+    )
     engine.add_argument("--page-size", type=int, default=defaults.page_size, help="tokens per KV-cache page")
-    engine.add_argument("--num-pages", type=int, default=None,
-                        help="KV-cache pages; default: what --memory-ratio leaves on a GPU, 32768 tokens on the CPU")  # fmt: skip
-    engine.add_argument("--memory-ratio", type=float, default=defaults.memory_ratio,
-                        help="share of GPU memory for weights + KV cache; the rest is for activations")  # fmt: skip
-    engine.add_argument("--max-running-requests", type=int, default=defaults.max_running_requests,
-                        help="most requests holding KV cache at once (decoding together)")  # fmt: skip
-    engine.add_argument("--max-prefill-length", type=int, default=defaults.max_prefill_length,
-                        help="prompt tokens one step may compute (chunked prefill): a longer prompt is cut into "
-                        "chunks over several steps; a large value turns chunking off")  # fmt: skip
-    engine.add_argument("--chunk-policy", default=defaults.chunk_policy, choices=list(CHUNK_POLICIES),
-                        help="mixed: every step carries one token per decoding request plus prefill chunks up to "
-                        "the budget; prefill-first: steps with prefill work carry only prefill")  # fmt: skip
-    engine.add_argument("--cache", "--cache-type", default=defaults.cache, choices=list(PREFIX_CACHES),
-                        help="prefix cache: radix reuses the KV of shared prompt prefixes; naive recomputes "
-                        "every prompt")  # fmt: skip
-    engine.add_argument("--cuda-graph-max-bs", type=_positive_or_zero, default=None,
-                        help="largest decode batch captured in a CUDA graph; 0: off. Accepted now, graphs are "
-                        "not ported yet (ignored, with one log line)")  # fmt: skip
+    engine.add_argument(
+        "--num-pages",
+        type=int,
+        default=None,
+        help="KV-cache pages; default: what --memory-ratio leaves on a GPU, 32768 tokens on the CPU",
+    )
+    engine.add_argument(
+        "--memory-ratio",
+        type=float,
+        default=defaults.memory_ratio,
+        help="share of GPU memory for weights + KV cache; the rest is for activations",
+    )
+    engine.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=defaults.max_running_requests,
+        help="most requests holding KV cache at once (decoding together)",
+    )
+    engine.add_argument(
+        "--max-prefill-length",
+        type=int,
+        default=defaults.max_prefill_length,
+        help="prompt tokens one step may compute (chunked prefill): a longer prompt is cut into "
+        "chunks over several steps; a large value turns chunking off",
+    )
+    engine.add_argument(
+        "--chunk-policy",
+        default=defaults.chunk_policy,
+        choices=list(CHUNK_POLICIES),
+        help="mixed: every step carries one token per decoding request plus prefill chunks up to "
+        "the budget; prefill-first: steps with prefill work carry only prefill",
+    )
+    engine.add_argument(
+        "--cache",
+        "--cache-type",
+        default=defaults.cache,
+        choices=list(PREFIX_CACHES),
+        help="prefix cache: radix reuses the KV of shared prompt prefixes; naive recomputes every prompt",
+    )
+    engine.add_argument(
+        "--cuda-graph-max-bs",
+        type=_positive_or_zero,
+        default=None,
+        help="largest decode batch captured in a CUDA graph; 0: off. Accepted now, graphs are "
+        "not ported yet (ignored, with one log line)",
+    )
     engine.add_argument(
         "--tp", type=int, default=defaults.tp, help="tensor-parallel GPUs; only 1 until TP is ported"
     )
@@ -93,11 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default=DEFAULT_HOST, help="address to bind; 0.0.0.0 serves other machines too"
     )
     server.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port")
-    server.add_argument("--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING,
-                        help="requests queued beyond --max-running-requests before the server answers 503")  # fmt: skip
+    server.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=DEFAULT_MAX_WAITING,
+        help="requests queued beyond --max-running-requests before the server answers 503",
+    )
     server.add_argument("--shell", action="store_true", help="chat in this terminal instead of serving HTTP")
-    server.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
-                        help="log level of the server and the engine process; default: info, warning for --shell")  # fmt: skip
+    server.add_argument(
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="log level of the server and the engine process; default: info, warning for --shell",
+    )
     return p
 
 
@@ -107,8 +154,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
-        num_pages=args.num_pages, memory_ratio=args.memory_ratio, max_running_requests=args.max_running_requests,
-        max_prefill_length=args.max_prefill_length, chunk_policy=args.chunk_policy, max_seq_len_override=args.max_seq_len_override,
-        cache=args.cache, cuda_graph_max_bs=args.cuda_graph_max_bs, tp=args.tp,
-    )  # fmt: skip
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        attn=args.attn,
+        page_size=args.page_size,
+        num_pages=args.num_pages,
+        memory_ratio=args.memory_ratio,
+        max_running_requests=args.max_running_requests,
+        max_prefill_length=args.max_prefill_length,
+        chunk_policy=args.chunk_policy,
+        max_seq_len_override=args.max_seq_len_override,
+        cache=args.cache,
+        cuda_graph_max_bs=args.cuda_graph_max_bs,
+        tp=args.tp,
+    )

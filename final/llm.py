@@ -19,9 +19,9 @@ from .core.config import EngineConfig
 from .core.model_config import ModelConfig
 from .core.outputs import RequestOutput
 from .core.sampling_params import SamplingParams
+from .engine import EngineCore
 from .frontend.request_state import RequestState
 from .frontend.tokenizer import Tokenizer
-from .scheduler import EngineCore
 
 Prompt = str | Sequence[int]
 

@@ -39,9 +39,18 @@ FINAL = ROOT / "final"
 
 # A package may import only from packages of a lower rank (or from itself).
 RANKS = {
-    "core": 0, "models": 1, "kvcache": 1, "attention": 2, "engine": 3, "scheduler": 4, "frontend": 5,
-    "server": 6, "shell": 6, "": 7,  # "": top-level modules (llm.py, args.py, __main__.py)
-}  # fmt: skip
+    "core": 0,
+    "distributed": 1,
+    "kvcache": 1,
+    "models": 2,
+    "attention": 2,
+    "scheduler": 3,
+    "engine": 4,
+    "frontend": 5,
+    "server": 6,
+    "shell": 6,
+    "": 7,  # top-level modules (llm.py, args.py, __main__.py)
+}
 
 
 def final_modules() -> dict[str, Path]:
@@ -157,8 +166,8 @@ def assert_pool_is_whole(llm: final.LLM) -> None:
     core = llm.core
     assert not core.has_work()
     cache = core.kv.prefix_cache
-    assert core.kv.num_free_pages + cache.num_evictable_pages == core.kv.num_pages, "KV pages leaked"
-    assert cache.num_cached_pages == cache.num_evictable_pages, "a finished request left a lock behind"
+    assert core.kv.num_free_pages + cache.evictable_pages == core.kv.num_pages, "KV pages leaked"
+    assert cache.num_cached_pages == cache.evictable_pages, "a finished request left a lock behind"
     assert core.runner.page_table.num_free_rows == llm.engine_config.max_running_requests
     core.check_integrity()
 
@@ -347,9 +356,9 @@ def test_scheduler_never_leaks_or_shares_pages(
 ):
     """Heavy sharing (prompts start with one of three heads), chunking, eviction, preemption and
     aborts (some mid-prefill): after every step each page is free, cached or owned exactly once."""
-    kv = KVCacheManager(num_pages, page_size, create_prefix_cache(cache, page_size))
-    table = PageTable(max_running, 64, torch.device("cpu"))
-    sched = Scheduler(kv, table, page_size, max_running, budget, policy)
+    table = PageTable(max_running, 64, torch.device("cpu"), padding_page=num_pages)
+    kv = KVCacheManager(num_pages, page_size, create_prefix_cache(cache, page_size), table)
+    sched = Scheduler(kv, max_running, budget, policy)
     heads = [[5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 20], [30 + i for i in range(12)]]
     live = []
     for rid, (head, prompt_len, max_new, abort_early) in enumerate(requests):
@@ -369,12 +378,12 @@ def test_scheduler_never_leaks_or_shares_pages(
         assert prefill_tokens <= budget, "a step went over the prefill budget"
         if policy == "prefill-first" and prefill_tokens:
             assert all(id(r) not in decoding_before for r in batch.requests), "decodes ran with prefill"
-        owned = [p for r in sched.running for p in r.own_pages]
+        owned = [p for r in sched.running for p in r.kv.own_pages]
         assert len(owned) == len(set(owned)), "a page is owned by two live requests"
         sched.check_integrity()
         table.flush()
         for r in sched.running:
-            assert table.table[r.row, : len(r.pages)].tolist() == r.pages
+            assert table.table[r.kv.row, : len(r.kv.pages)].tolist() == r.kv.pages
         for req, q_len, sampled in zip(batch.requests, batch.query_lens, batch.sampled, strict=True):
             if not sampled:
                 assert req.num_computed + q_len < req.seq_len, "only a cut prompt samples nothing"
@@ -394,8 +403,8 @@ def test_scheduler_never_leaks_or_shares_pages(
                 sched.check_integrity()
         steps += 1
         assert steps < 10_000
-    assert kv.num_free_pages + kv.prefix_cache.num_evictable_pages == num_pages
-    assert kv.prefix_cache.num_cached_pages == kv.prefix_cache.num_evictable_pages
+    assert kv.num_free_pages + kv.prefix_cache.evictable_pages == num_pages
+    assert kv.prefix_cache.num_cached_pages == kv.prefix_cache.evictable_pages
     assert table.num_free_rows == max_running
 
 

@@ -43,7 +43,7 @@ def assert_pool_is_whole(llm: final.LLM) -> None:
     """No request left, and every page is free or an unlocked page of the prefix cache."""
     assert not llm.core.has_work()
     kv = llm.core.kv
-    assert kv.prefix_cache.num_cached_pages == kv.prefix_cache.num_evictable_pages, "a lock was left behind"
+    assert kv.prefix_cache.num_cached_pages == kv.prefix_cache.evictable_pages, "a lock was left behind"
     assert kv.num_free_pages + kv.prefix_cache.num_cached_pages == kv.num_pages
     llm.core.check_integrity()
 

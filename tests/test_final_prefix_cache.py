@@ -67,7 +67,7 @@ def run_checked(llm: final.LLM, waves: list[list[list[int]]], gap: int = 3) -> l
         core.check_integrity()
         for req in core.scheduler.running:
             if not req.output_ids and req.num_computed < len(req.prompt_ids):
-                assert req.num_shared_pages * page_size == req.cached_tokens, "a cut prompt entered the cache"
+                assert req.kv.num_shared * page_size == req.cached_tokens, "a cut prompt entered the cache"
         steps += 1
         assert steps < 5000
     assert_idle_and_whole(llm)
@@ -78,7 +78,7 @@ def assert_idle_and_whole(llm: final.LLM) -> None:
     core = llm.core
     cache = core.kv.prefix_cache
     assert not core.has_work()
-    assert cache.num_cached_pages == cache.num_evictable_pages, "a lock outlived its request"
+    assert cache.num_cached_pages == cache.evictable_pages, "a lock outlived its request"
     assert core.kv.num_free_pages + cache.num_cached_pages == core.kv.num_pages
     assert core.runner.page_table.num_free_rows == llm.engine_config.max_running_requests
     core.check_integrity()
@@ -182,7 +182,7 @@ def test_abort_mid_chunk_and_mid_decode_gives_back_only_its_own_pages(tiny_llama
     llm.step()
     core.check_integrity()
     req = core.scheduler.by_rid[rid]
-    assert req.num_shared_pages > 0 and req.num_computed < len(req.prompt_ids), "it should be mid-prefill"
+    assert req.kv.num_shared > 0 and req.num_computed < len(req.prompt_ids), "it should be mid-prefill"
     assert core.abort(rid)
     llm.requests.pop(rid)
     assert_idle_and_whole(llm)

@@ -20,19 +20,19 @@ from ..kvcache import KVPool, PageTable
 from .base import AttentionBackend, HybridBackend
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)  # FlashInfer has no float32 kernels
-Factory = Callable[[ModelConfig, KVPool, PageTable], AttentionBackend]
+Factory = Callable[[ModelConfig, KVPool, PageTable, int], AttentionBackend]
 
 
-def _torch(config: ModelConfig, pool: KVPool, page_table: PageTable) -> AttentionBackend:
+def _torch(config: ModelConfig, pool: KVPool, page_table: PageTable, num_heads: int) -> AttentionBackend:
     from .torch_backend import TorchBackend
 
-    return TorchBackend(config, pool, page_table)
+    return TorchBackend(config, pool, page_table, num_heads)
 
 
-def _flashinfer(config: ModelConfig, pool: KVPool, page_table: PageTable) -> AttentionBackend:
+def _flashinfer(config: ModelConfig, pool: KVPool, page_table: PageTable, num_heads: int) -> AttentionBackend:
     from .flashinfer_backend import FlashInferBackend  # imports flashinfer only when asked for
 
-    return FlashInferBackend(config, pool, page_table)
+    return FlashInferBackend(config, pool, page_table, num_heads)
 
 
 # Registered so that `--attn fa` is a known name with a clear answer, not "unknown backend".
@@ -49,7 +49,7 @@ def _not_ported_error(name: str) -> NotAvailableYet:
 
 
 def _not_ported(name: str) -> Factory:
-    def factory(config: ModelConfig, pool: KVPool, page_table: PageTable) -> AttentionBackend:
+    def factory(config: ModelConfig, pool: KVPool, page_table: PageTable, num_heads: int) -> AttentionBackend:
         raise _not_ported_error(name)
 
     return factory
@@ -90,17 +90,23 @@ def resolve_names(spec: str, device_type: str, dtype: torch.dtype | None = None)
         if name == "fi" and device_type != "cuda":
             raise UserError("--attn fi runs on CUDA GPUs only; use --attn torch on the CPU")
         if name == "fi" and not half:
-            raise UserError(f"--attn fi needs --dtype bfloat16 or float16 (FlashInfer has no {dtype} kernels); "
-                            "use --attn torch for float32")  # fmt: skip
+            raise UserError(
+                f"--attn fi needs --dtype bfloat16 or float16 (FlashInfer has no {dtype} kernels); "
+                "use --attn torch for float32"
+            )
     return names[0], names[-1]
 
 
-def create_backend(spec: str, config: ModelConfig, pool: KVPool, page_table: PageTable) -> AttentionBackend:
+def create_backend(
+    spec: str, config: ModelConfig, pool: KVPool, page_table: PageTable, num_heads: int | None = None
+) -> AttentionBackend:
+    """The backend(s) `spec` names; `num_heads`: query heads on this rank (default: all)."""
     prefill, decode = resolve_names(spec, pool.k.device.type, pool.k.dtype)
+    heads = num_heads or config.num_heads
     if prefill == decode:
-        return BACKENDS[prefill](config, pool, page_table)
+        return BACKENDS[prefill](config, pool, page_table, heads)
     return HybridBackend(
-        BACKENDS[prefill](config, pool, page_table), BACKENDS[decode](config, pool, page_table)
+        BACKENDS[prefill](config, pool, page_table, heads), BACKENDS[decode](config, pool, page_table, heads)
     )
 
 

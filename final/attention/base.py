@@ -3,8 +3,13 @@
 A backend owns how attention reads the paged KV pool. Once per step `prepare(batch)` turns the
 batch's page-table rows and lengths into whatever its kernel wants (index lists, a plan); then
 each layer calls `forward` with the new tokens' q, k, v. Writing k and v into the pool is the
-backend's job too, because some kernels do it themselves. CUDA-graph capture will add
-`prepare_for_capture` / `prepare_for_replay` here when graphs are ported.
+backend's job too, because some kernels do it themselves.
+
+CUDA-graph decode (engine/graph.py) captures `forward` once per batch size and replays it: the
+metadata a captured kernel reads must then live in buffers whose addresses never change.
+`prepare_for_capture(batch)` sets those up for a padded batch of a captured size, and
+`prepare_for_replay(batch)` refills them before each replay. A backend whose `prepare` already
+writes only into fixed buffers can keep the defaults, which call `prepare`.
 """
 
 from __future__ import annotations
@@ -21,8 +26,12 @@ from ..kvcache import KVPool, PageTable
 class AttentionBackend(ABC):
     name = "base"
 
-    def __init__(self, config: ModelConfig, pool: KVPool, page_table: PageTable):
+    def __init__(
+        self, config: ModelConfig, pool: KVPool, page_table: PageTable, num_heads: int | None = None
+    ):
         self.config, self.pool, self.page_table = config, pool, page_table
+        # Query heads on this rank (all of them without tensor parallelism); KV heads: pool.kv_heads.
+        self.num_heads = num_heads or config.num_heads
         self.scale = config.head_dim**-0.5
 
     @abstractmethod
@@ -35,12 +44,20 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] of this step's tokens -> [T, heads * head_dim]."""
 
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+        """Before capturing a decode step of `batch.size` rows (a captured size, padding included)."""
+        self.prepare(batch)
+
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+        """Before replaying the decode graph of `batch.size` rows."""
+        self.prepare(batch)
+
 
 class HybridBackend(AttentionBackend):
     """One backend for prefill batches and another for decode batches (`--attn fa,fi`)."""
 
     def __init__(self, prefill: AttentionBackend, decode: AttentionBackend):
-        super().__init__(prefill.config, prefill.pool, prefill.page_table)
+        super().__init__(prefill.config, prefill.pool, prefill.page_table, prefill.num_heads)
         self.prefill, self.decode = prefill, decode
         self.name = f"{prefill.name},{decode.name}"
 
@@ -49,6 +66,12 @@ class HybridBackend(AttentionBackend):
 
     def prepare(self, batch: ForwardBatch) -> None:
         self._pick(batch).prepare(batch)
+
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+        self.decode.prepare_for_capture(batch)  # only decode steps are captured
+
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+        self.decode.prepare_for_replay(batch)
 
     def forward(self, layer, q, k, v, batch):
         return self._pick(batch).forward(layer, q, k, v, batch)

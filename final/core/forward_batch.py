@@ -1,8 +1,8 @@
-"""What one forward pass computes, as the model and the attention backends see it.
+"""What one step computes: the scheduler's description of it (StepInput, host lists), and the
+forward pass's view of it (ForwardBatch: the same lengths plus device tensors).
 
-The scheduler decides which requests run; the model runner turns that into a ForwardBatch:
-host-side lengths (for kernel planning) and device tensors (for the kernels). Nothing here knows
-about requests, so the attention backends and the model depend on this file alone.
+Nothing here knows about requests, so the scheduler, the runner, the attention backends and the
+model all depend on this file alone.
 """
 
 from __future__ import annotations
@@ -14,8 +14,42 @@ import torch
 
 
 @dataclass
+class StepInput:
+    """Request i computes query_lens[i] new tokens ending at position seq_lens[i] - 1, in page-table
+    row rows[i].
+
+    The host supplies the tokens of prompts (and of a preempted request's recomputed answer). A
+    decoding request's one token is the token it sampled last: the runner reads it from its device
+    token table (`from_table[i]`), so a step can be launched before the previous step's tokens have
+    reached the host (overlap scheduling, stage 06); its entry in `input_ids` is a placeholder."""
+
+    rows: list[int]
+    query_lens: list[int]
+    seq_lens: list[int]
+    sampled: list[bool]  # requests that get logits: a prompt cut mid-way has no next token yet
+    input_ids: list[int]  # the new tokens of every request, concatenated (placeholders: see above)
+    from_table: list[bool]
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def is_prefill(self) -> bool:
+        """Some request computes more than one token (decode kernels need exactly one each)."""
+        return any(q > 1 for q in self.query_lens)
+
+
+@dataclass
 class ForwardBatch:
-    """For each request i, its tokens [seq_lens[i] - query_lens[i], seq_lens[i]) are computed."""
+    """For each request i, its tokens [seq_lens[i] - query_lens[i], seq_lens[i]) are computed.
+
+    The device tensors are views of the runner's persistent buffers (fixed addresses, which CUDA
+    graphs need)."""
 
     is_prefill: bool  # False: every request computes exactly one token (a pure decode step)
     query_lens: list[int]  # tokens computed this step, per request
@@ -23,6 +57,7 @@ class ForwardBatch:
     input_ids: torch.Tensor  # [T] the new tokens of every request, concatenated
     positions: torch.Tensor  # [T]
     rows: torch.Tensor  # [B] each request's page-table row
+    seq_lens_t: torch.Tensor  # [B] seq_lens on the device (int32)
     out_slots: torch.Tensor  # [T] pool slot receiving each new token's K and V
     last_token_index: torch.Tensor  # [S] where each sampled request's last token sits in [T]
 

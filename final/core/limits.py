@@ -21,12 +21,24 @@ def check_prompt(prompt_ids: Sequence[int], max_context: int, vocab_size: int) -
 
 
 def max_new_tokens(
-    prompt_ids: Sequence[int], params: SamplingParams, max_context: int, vocab_size: int, kv_capacity: int
+    prompt_ids: Sequence[int], max_tokens: int | None, max_context: int, vocab_size: int, kv_capacity: int
 ) -> int:
-    """Reject requests that cannot be served; return how many tokens the request may generate:
-    max_tokens, capped by the room left in the context (the answer then ends with "length")."""
+    """Reject requests that cannot be served; return how many tokens the request may generate.
+
+    This is the one place the cap is decided (the engine calls it on admission, the server before
+    sending, to answer 400 early). `max_tokens` as asked is capped by the room left in the context
+    (the answer then ends with "length"); None asks for all the room the context and the pool leave.
+    """
     check_prompt(prompt_ids, max_context, vocab_size)
-    budget = min(params.max_tokens, max_context - len(prompt_ids))
+    if max_tokens is None:
+        room = min(max_context, kv_capacity) - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt_ids)} tokens but the KV pool holds {kv_capacity}: raise "
+                f"--num-pages / --memory-ratio"
+            )
+        return room
+    budget = min(max_tokens, max_context - len(prompt_ids))
     if len(prompt_ids) + budget > kv_capacity:
         raise ContextLengthError(
             f"the request needs up to {len(prompt_ids) + budget} tokens of KV cache ({len(prompt_ids)} "

@@ -20,7 +20,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None  # a private random stream: same seed, same output
-    max_tokens: int = 256
+    max_tokens: int | None = 256  # None: as many as the context and the KV pool leave room for
     stop: list[str] = field(default_factory=list)  # stop strings, cut from the text
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -42,7 +42,10 @@ class SamplingParams:
             ),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (
+                self.max_tokens is None or self.max_tokens >= 1,
+                f"max_tokens must be >= 1, got {self.max_tokens}",
+            ),
             (self.logprobs is None or self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}"),
             (all(isinstance(s, str) for s in self.stop), "stop must be a string or a list of strings"),
         ]

@@ -1,8 +1,21 @@
-"""The engine: the model runner (model + KV pool + attention backend: a batch in, logits out) and
-the sampler (logits in, tokens out). CUDA graphs and the overlap of CPU scheduling with GPU
-compute slot in here when they are ported: both wrap `ModelRunner.forward`."""
+"""The engine: the model runner (model + KV pool + attention backend: a step in, logits out), the
+sampler (logits in, tokens out), EngineCore (the step loop: schedule -> launch -> collect) and the
+engine process that serves it to the frontend over ZMQ."""
 
+from .core import EngineCore, StepHandle, validate_early
+from .messages import EngineInfo, EngineStats, RequestDelta
 from .runner import ModelRunner
 from .sampler import SampleOutput, make_generator, sample
 
-__all__ = ["ModelRunner", "SampleOutput", "make_generator", "sample"]
+__all__ = [
+    "EngineCore",
+    "EngineInfo",
+    "EngineStats",
+    "ModelRunner",
+    "RequestDelta",
+    "SampleOutput",
+    "StepHandle",
+    "make_generator",
+    "sample",
+    "validate_early",
+]

@@ -27,9 +27,36 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
 
 
 @dataclass
+class TopLogprobs:
+    """Log-probabilities of a step, still on the device: `entries()` copies them to the host."""
+
+    wanted: list[int | None]  # per row: None, or how many top candidates the request asked for
+    chosen: torch.Tensor  # [S] logprob of each sampled token
+    top_ids: torch.Tensor | None  # [S, max n] or None when no row wants candidates
+    top_values: torch.Tensor | None
+
+    def entries(self) -> list[dict[str, Any] | None]:
+        chosen = self.chosen.tolist()
+        top_ids: list[list[int]] = [[] for _ in self.wanted]
+        top_values: list[list[float]] = [[] for _ in self.wanted]
+        if self.top_ids is not None and self.top_values is not None:
+            top_ids, top_values = self.top_ids.tolist(), self.top_values.tolist()  # one copy each
+        return [
+            None
+            if n is None
+            else {
+                "token_logprob": chosen[row],
+                "top_ids": top_ids[row][:n],
+                "top_logprobs": top_values[row][:n],
+            }
+            for row, n in enumerate(self.wanted)
+        ]
+
+
+@dataclass
 class SampleOutput:
     tokens: torch.Tensor  # [batch] int64, on the logits' device
-    logprobs: list[dict[str, Any] | None]  # per row: {"token_logprob", "top_ids", "top_logprobs"}
+    logprobs: TopLogprobs | None  # None when no request of the batch asked for logprobs
 
 
 def top_k_mask(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -92,25 +119,15 @@ def _draw(logits: torch.Tensor, params: list[SamplingParams], generators: list[t
     return (probs / noise).argmax(dim=-1)
 
 
-def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]):
+def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]) -> TopLogprobs | None:
     wanted = [p.logprobs for p in params]
     if all(n is None for n in wanted):
-        return [None] * len(params)
+        return None
     # Log-probabilities of the model's own distribution (before temperature and filters).
     logp = logits.log_softmax(dim=-1)
     top_n = max(n or 0 for n in wanted)
-    chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
-    top_ids: list[list[int]] = [[] for _ in wanted]
-    top_values: list[list[float]] = [[] for _ in wanted]
-    if top_n:
-        values, ids = logp.topk(min(top_n, logp.shape[-1]), dim=-1)
-        top_ids, top_values = ids.tolist(), values.tolist()  # one copy to the host, not one per row
-    out: list[dict[str, Any] | None] = []
-    for row, n in enumerate(wanted):
-        if n is None:
-            out.append(None)
-            continue
-        out.append(
-            {"token_logprob": chosen[row], "top_ids": top_ids[row][:n], "top_logprobs": top_values[row][:n]}
-        )
-    return out
+    chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    if not top_n:
+        return TopLogprobs(wanted, chosen, None, None)
+    values, ids = logp.topk(min(top_n, logp.shape[-1]), dim=-1)
+    return TopLogprobs(wanted, chosen, ids, values)

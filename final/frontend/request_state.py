@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.outputs import RequestOutput
 from ..core.sampling_params import SamplingParams
-from ..scheduler.messages import RequestDelta
+from ..engine.messages import RequestDelta
 from .detokenizer import TextStream
 from .tokenizer import Tokenizer
 

@@ -5,20 +5,30 @@ prefix cache that decides which finished requests' pages are kept for reuse.
     PageAllocator   the free list of page ids (allocator.py)
     PageTable       per request row, the pages holding its tokens, on the device (page_table.py)
     PrefixCache     reuse of shared prompt prefixes: the interface and `naive` (prefix_cache.py)
-    RadixPrefixCache  `radix`, the default: a radix tree over token ids (radix_cache.py)
+    RadixCache      `radix`, the default: a radix tree over token ids (radix_cache.py)
     registry        `--cache NAME` -> class, and the default (registry.py)
-    KVCacheManager  allocation that can evict from the prefix cache, and release (manager.py)
+    KVCacheManager  a request's pages: admit, grow, cache, release (manager.py)
 """
 
 from .allocator import PageAllocator
-from .manager import KVCacheManager
+from .manager import KVCacheManager, RequestPages
 from .page_table import PageTable
 from .pool import KVPool
-from .prefix_cache import Handle, NaivePrefixCache, PrefixCache, PrefixMatch
-from .radix_cache import RadixPrefixCache
+from .prefix_cache import Handle, NaiveCache, PrefixCache, PrefixMatch
+from .radix_cache import RadixCache
 from .registry import PREFIX_CACHES, create_prefix_cache
 
 __all__ = [
-    "Handle", "KVCacheManager", "KVPool", "NaivePrefixCache", "PREFIX_CACHES", "PageAllocator", "PageTable",
-    "PrefixCache", "PrefixMatch", "RadixPrefixCache", "create_prefix_cache",
-]  # fmt: skip
+    "Handle",
+    "KVCacheManager",
+    "KVPool",
+    "NaiveCache",
+    "PREFIX_CACHES",
+    "PageAllocator",
+    "PageTable",
+    "PrefixCache",
+    "PrefixMatch",
+    "RadixCache",
+    "RequestPages",
+    "create_prefix_cache",
+]

@@ -3,6 +3,9 @@
 It lives on the device, so the attention kernels and the K/V writes turn (request, position) into
 a pool slot without the host building per-token index lists: a step copies over only the pages
 it adds, which keeps the host's work per step proportional to the batch, not to sequence lengths.
+
+The last row (`padding_row`) is never handed out: every entry points at the pool's padding page.
+A CUDA-graph step padded to a captured batch size gives its padding rows this row.
 """
 
 from __future__ import annotations
@@ -11,9 +14,14 @@ import torch
 
 
 class PageTable:
-    def __init__(self, max_requests: int, max_pages_per_request: int, device: torch.device):
-        self.table = torch.zeros(max_requests, max_pages_per_request, dtype=torch.int32, device=device)
+    def __init__(
+        self, max_requests: int, max_pages_per_request: int, device: torch.device, padding_page: int
+    ):
+        self.table = torch.zeros(max_requests + 1, max_pages_per_request, dtype=torch.int32, device=device)
+        self.padding_row = max_requests
+        self.table[self.padding_row] = padding_page
         self.free_rows = list(range(max_requests - 1, -1, -1))
+        self.max_requests, self.max_pages_per_request = max_requests, max_pages_per_request
         self.device = device
         # Writes are queued on the host and applied in one scatter per step (`flush`): a decode
         # step adds a page to many requests, and one copy beats one tiny copy per request.
@@ -42,18 +50,25 @@ class PageTable:
         if not self._pages:
             return
         packed = torch.tensor([self._rows, self._cols, self._pages], dtype=torch.int64)
+        if self.device.type == "cuda":
+            packed = packed.pin_memory()
         rows, cols, pages = packed.to(self.device, non_blocking=True)
         self.table[rows, cols] = pages.to(torch.int32)
         self._rows, self._cols, self._pages = [], [], []
 
     def slots(self, rows: torch.Tensor, positions: torch.Tensor, page_size: int) -> torch.Tensor:
         """Pool slot of each token, given its request's row and its position: [T] -> [T]."""
-        pages = self.table[rows, positions // page_size].long()
+        pages = self.table[rows, positions // page_size]
         return pages * page_size + positions % page_size
 
-    def pages_of(self, rows: torch.Tensor, num_pages: torch.Tensor, max_pages: int) -> torch.Tensor:
+    def pages_of(
+        self, rows: torch.Tensor, num_pages: torch.Tensor, indptr: torch.Tensor, total: int
+    ) -> torch.Tensor:
         """The first num_pages[i] pages of each row, concatenated (FlashInfer's `kv_indices`).
-        `max_pages` is max(num_pages), passed from the host so no device sync is needed."""
-        block = self.table[rows, :max_pages]
-        keep = torch.arange(max_pages, device=block.device).unsqueeze(0) < num_pages.unsqueeze(1)
-        return block[keep]
+        `indptr` is the exclusive prefix sum of num_pages and `total` its last value, passed from the
+        host: the output size is then known without asking the device (no sync)."""
+        owner = torch.repeat_interleave(
+            torch.arange(rows.shape[0], device=rows.device), num_pages, output_size=total
+        )
+        column = torch.arange(total, device=rows.device) - indptr[owner]
+        return self.table[rows[owner], column]

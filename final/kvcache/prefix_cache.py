@@ -61,7 +61,7 @@ class PrefixCache(ABC):
 
     @property
     @abstractmethod
-    def num_evictable_pages(self) -> int:
+    def evictable_pages(self) -> int:
         """Cached pages no live request uses."""
 
     @property
@@ -81,7 +81,7 @@ class PrefixCache(ABC):
         """Raise AssertionError unless the cache is consistent and `locks` are all the locks held."""
 
 
-class NaivePrefixCache(PrefixCache):
+class NaiveCache(PrefixCache):
     """No reuse (`--cache naive`): matches nothing, keeps nothing."""
 
     def match(self, token_ids: Sequence[int]) -> PrefixMatch:
@@ -100,7 +100,7 @@ class NaivePrefixCache(PrefixCache):
         return []
 
     @property
-    def num_evictable_pages(self) -> int:
+    def evictable_pages(self) -> int:
         return 0
 
     def prefix(self, handle: Handle) -> tuple[list[int], list[int]]:

@@ -50,7 +50,7 @@ def _common_length(key: list[int], tokens: list[int], start: int, page_size: int
     return same - same % page_size
 
 
-class RadixPrefixCache(PrefixCache):
+class RadixCache(PrefixCache):
     reuses_prefixes = True
 
     def __init__(self, page_size: int):
@@ -157,7 +157,7 @@ class RadixPrefixCache(PrefixCache):
         return freed
 
     @property
-    def num_evictable_pages(self) -> int:
+    def evictable_pages(self) -> int:
         return self.num_evictable
 
     @property

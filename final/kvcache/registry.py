@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core.errors import UserError
-from .prefix_cache import NaivePrefixCache, PrefixCache
-from .radix_cache import RadixPrefixCache
+from .prefix_cache import NaiveCache, PrefixCache
+from .radix_cache import RadixCache
 
 PREFIX_CACHES: dict[str, Callable[[int], PrefixCache]] = {
-    "radix": RadixPrefixCache,
-    "naive": NaivePrefixCache,
+    "radix": RadixCache,
+    "naive": NaiveCache,
 }
 
 

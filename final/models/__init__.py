@@ -1,8 +1,8 @@
 """Models: resolving what --model names, the registry of architectures, and loading weights.
 
-`load_model(folder, config, device, dtype)` builds the model on the meta device (no memory, no
-random init), allocates it once on the target device in the target dtype, then copies the
-checkpoint in, merging q/k/v and gate/up as it goes.
+`load_model(folder, config, device, dtype, tp)` builds the model on the meta device (no memory, no
+random init), allocates it once on the target device in the target dtype (this rank's shards only
+under tensor parallelism), then copies the checkpoint in, merging q/k/v and gate/up as it goes.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import nn
 
 from ..core.errors import UserError
 from ..core.model_config import ModelConfig
+from ..distributed import TPInfo
 from .llama import LlamaForCausalLM
 from .rope import RotaryEmbedding
 from .source import resolve_model
@@ -42,7 +43,7 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def load_model(
-    folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype
+    folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype, tp: TPInfo | None = None
 ) -> LlamaForCausalLM:
     cls = MODEL_REGISTRY.get(config.architecture)
     if cls is None:
@@ -50,12 +51,12 @@ def load_model(
             f"no implementation for {config.architecture}; supported: {', '.join(MODEL_REGISTRY)}"
         )
     with torch.device("meta"), _default_dtype(dtype):
-        model = cls(config)
+        model = cls(config, tp or TPInfo())
     model = model.to_empty(device=device)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, folder, config.tie_word_embeddings)
-    model.rope = RotaryEmbedding(config, device, dtype)
+    model.rope = RotaryEmbedding(config, device)
     return model.eval()
 
 

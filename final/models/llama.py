@@ -2,6 +2,8 @@
 
 Module names follow Hugging Face's except where we merge: `qkv_proj` holds q_proj, k_proj and
 v_proj, `gate_up_proj` holds gate_proj and up_proj (see PACKED_MODULES and models/weights.py).
+Under tensor parallelism each rank holds a slice of the heads and of the MLP (models/layers.py);
+the shapes below are this rank's.
 """
 
 from __future__ import annotations
@@ -11,7 +13,15 @@ from torch import nn
 
 from ..core.forward_batch import Attention, ForwardBatch
 from ..core.model_config import ModelConfig
-from .layers import Linear, MergedLinear, RMSNorm, silu_and_mul
+from ..distributed import TPInfo
+from .layers import (
+    MergedColumnLinear,
+    ParallelLMHead,
+    RMSNorm,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    silu_and_mul,
+)
 from .rope import RotaryEmbedding
 
 # Checkpoint module name -> (our merged module, which part of it).
@@ -25,19 +35,19 @@ PACKED_MODULES: dict[str, tuple[str, int]] = {
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int):
+    def __init__(self, config: ModelConfig, layer: int, tp: TPInfo):
         super().__init__()
         self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            config.num_heads,
-            config.num_kv_heads,
-            config.head_dim,
-        )
+        self.head_dim = config.head_dim
+        self.num_heads = tp.split(config.num_heads, "attention heads")
+        first_kv, self.num_kv_heads = tp.kv_head_shard(config.num_kv_heads)
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(
-            config.hidden_size, [self.q_size, self.kv_size, self.kv_size], config.qkv_bias
+        q_shard = tp.shard(config.num_heads * self.head_dim)
+        kv_shard = (first_kv * self.head_dim, self.kv_size)
+        self.qkv_proj = MergedColumnLinear(config.hidden_size, [q_shard, kv_shard, kv_shard], config.qkv_bias)
+        self.o_proj = RowParallelLinear(
+            config.num_heads * self.head_dim, config.hidden_size, config.o_bias, tp
         )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         self.qk_norm = config.qk_norm
         if config.qk_norm:  # Qwen3 normalises each head's query and key before RoPE
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -58,41 +68,47 @@ class SelfAttention(nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, positions), rope(k, positions)
+        q, k = rope(q, k, positions)
         # The backend writes k and v into the request's pages and attends over all its pages.
         return self.o_proj(attn.forward(self.layer, q, k, v, batch))
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, tp: TPInfo):
         super().__init__()
         hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_up_proj = MergedLinear(hidden, [inner, inner], bias)
-        self.down_proj = Linear(inner, hidden, bias)
+        self.gate_up_proj = MergedColumnLinear.split_evenly(hidden, [inner, inner], bias, tp)
+        self.down_proj = RowParallelLinear(inner, hidden, bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int):
+    def __init__(self, config: ModelConfig, layer: int, tp: TPInfo):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = SelfAttention(config, layer)
+        self.self_attn = SelfAttention(config, layer, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config)
+        self.mlp = GatedMLP(config, tp)
 
-    def forward(self, x, positions, rope, attn, batch):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, attn, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, rope, attn, batch):
+        """(this layer's output, the residual stream before it is added): the add happens fused
+        into the next norm, the next layer's or the final one."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h = self.self_attn(h, positions, rope, attn, batch)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual
 
 
 class DecoderStack(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, tp: TPInfo):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, tp) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -101,19 +117,21 @@ class LlamaForCausalLM(nn.Module):
 
     packed_modules = PACKED_MODULES
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, tp: TPInfo | None = None):
         super().__init__()
+        tp = tp or TPInfo()
         self.config = config
-        self.model = DecoderStack(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = DecoderStack(config, tp)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         self.rope: RotaryEmbedding | None = None  # built on the right device after loading
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: Attention) -> torch.Tensor:
         assert self.rope is not None, "load the model with models.load_model"
-        x = self.model.embed_tokens(batch.input_ids)
+        x, residual = self.model.embed_tokens(batch.input_ids), None
         for layer in self.model.layers:
-            x = layer(x, batch.positions, self.rope, attn, batch)
+            x, residual = layer(x, residual, batch.positions, self.rope, attn, batch)
         # The LM head is the largest matmul of a step; a prefill of T tokens needs only B rows of it.
-        x = self.model.norm(x[batch.last_token_index])
+        last = batch.last_token_index
+        x, _ = self.model.norm.add_and_norm(x[last], residual[last])
         return self.lm_head(x).float()

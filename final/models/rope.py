@@ -12,6 +12,7 @@ import math
 import torch
 
 from ..core.model_config import ModelConfig
+from . import fused
 
 
 def rope_frequencies(config: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -75,20 +76,19 @@ def _yarn(dim: int, base: float, s: dict) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding:
-    """A table of cos/sin for every position, built once on the model's device."""
+    """A float32 table of cos and sin for every position (cos in the first half of each row, sin in
+    the second), built once on the model's device; `__call__` rotates q and k (fused on a GPU)."""
 
-    def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, device: torch.device | str):
         inv_freq, attention_scaling = rope_frequencies(config)
         positions = torch.arange(config.max_context, dtype=torch.float32)
         angles = torch.outer(positions, inv_freq)  # [positions, head_dim/2]
-        angles = torch.cat([angles, angles], dim=-1)  # the two halves rotate together
-        self.cos = (angles.cos() * attention_scaling).to(device=device, dtype=dtype)
-        self.sin = (angles.sin() * attention_scaling).to(device=device, dtype=dtype)
+        table = torch.cat([angles.cos(), angles.sin()], dim=-1) * attention_scaling
+        self.cos_sin = table.to(device=device, dtype=torch.float32)
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate x [tokens, heads, head_dim] by the angles of `positions` [tokens]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        first, second = x.chunk(2, dim=-1)
-        rotated_half = torch.cat([-second, first], dim=-1)
-        return x * cos + rotated_half * sin
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] by the angles of
+        `positions` [tokens]."""
+        return fused.apply_rope(q, k, positions, self.cos_sin)

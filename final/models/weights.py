@@ -1,24 +1,41 @@
 """Load a Hugging Face safetensors checkpoint into a model whose memory is already allocated.
 
-Each tensor is read once (peak host memory: one tensor), cast and copied into its place on the
-device. Checkpoint modules that the model merges (q/k/v, gate/up) go into their slice of the
-merged weight through `MergedLinear.load_shard`.
+Each tensor is read lazily: a layer asks for the slice its rank holds (`CheckpointTensor.read`),
+so under tensor parallelism no rank ever reads the whole checkpoint, and peak host memory is one
+slice. Checkpoint modules that the model merges (q/k/v, gate/up) go into their part of the merged
+weight (`MergedColumnLinear.load_weight`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
 from ..core.errors import UserError
-from .layers import MergedLinear
+from .layers import MergedColumnLinear
 
 # Prefixes that wrapped checkpoints put in front of the decoder's own names.
 STRIP_PREFIXES = ("language_model.",)
+
+
+class SafetensorsTensor:
+    """One tensor of a safetensors file, read only when (and as much as) asked for."""
+
+    def __init__(self, reader: Any, name: str):
+        self._slice = reader.get_slice(name)
+        self.shape = tuple(self._slice.get_shape())
+
+    def read(self, dim: int | None = None, start: int = 0, length: int | None = None) -> torch.Tensor:
+        if dim is None:
+            return self._slice[:]
+        index = [slice(None)] * len(self.shape)
+        index[dim] = slice(start, start + (length if length is not None else self.shape[dim] - start))
+        return self._slice[tuple(index)]
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -31,15 +48,15 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return files
 
 
-def iter_checkpoint(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of the checkpoint, one at a time (on the CPU)."""
+def iter_checkpoint(folder: Path) -> Iterator[tuple[str, SafetensorsTensor]]:
+    """Yield (name, lazily read tensor) for every tensor of the checkpoint."""
     for file in checkpoint_files(folder):
         with safe_open(str(file), framework="pt") as reader:
             for name in reader.keys():
                 clean = name
                 for prefix in STRIP_PREFIXES:
                     clean = clean.removeprefix(prefix)
-                yield clean, reader.get_tensor(name)
+                yield clean, SafetensorsTensor(reader, name)
 
 
 def _packed_target(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int] | None:
@@ -61,30 +78,31 @@ def load_weights(model: nn.Module, folder: Path, tie_word_embeddings: bool) -> N
     for name, tensor in iter_checkpoint(folder):
         if tie_word_embeddings and name == "lm_head.weight":
             continue  # tied: the head is the embedding, whatever copy the checkpoint carries
-        target = _packed_target(name, packed)
-        if target is not None and target[0] in params:
-            merged_name, shard = target
-            module_name, _, param_name = merged_name.rpartition(".")
-            module = model.get_submodule(module_name)
-            assert isinstance(module, MergedLinear)
-            try:
-                module.load_shard(param_name, shard, tensor)
-            except ValueError as err:
-                raise UserError(f"weight {name}: {err}") from err
-            loaded.add((merged_name, shard))
-            continue
-        if name not in params:
+        target, part = _packed_target(name, packed) or (name, 0)
+        if target not in params:
             continue  # e.g. rotary inv_freq buffers that old checkpoints carry
-        param = params[name]
-        if tuple(param.shape) != tuple(tensor.shape):
-            raise UserError(
-                f"weight {name} has shape {tuple(tensor.shape)} in the checkpoint, the model expects {tuple(param.shape)}"
-            )
-        param.copy_(tensor)
-        loaded.add((name, 0))
+        module_name, _, param_name = target.rpartition(".")
+        module = model.get_submodule(module_name)
+        try:
+            loader = getattr(module, "load_weight", None)
+            if loader is not None:
+                loader(param_name, part, tensor)
+            else:  # a replicated parameter (a norm's weight): all of it, as it is
+                _copy_whole(params[target], tensor)
+        except ValueError as err:
+            raise UserError(f"weight {name}: {err}") from err
+        loaded.add((target, part))
     missing = _missing(model, loaded, tie_word_embeddings)
     if missing:
         raise UserError(f"checkpoint {folder} lacks {len(missing)} weights, e.g. {missing[:3]}")
+
+
+def _copy_whole(param: torch.Tensor, tensor: SafetensorsTensor) -> None:
+    if tuple(param.shape) != tensor.shape:
+        raise ValueError(
+            f"has shape {tensor.shape} in the checkpoint, the model expects {tuple(param.shape)}"
+        )
+    param.copy_(tensor.read())
 
 
 def _missing(model: nn.Module, loaded: set[tuple[str, int]], tied: bool) -> list[str]:
@@ -94,8 +112,8 @@ def _missing(model: nn.Module, loaded: set[tuple[str, int]], tied: bool) -> list
             full = f"{module_name}.{param_name}" if module_name else param_name
             if tied and full == "lm_head.weight":
                 continue
-            shards = len(module.output_sizes) if isinstance(module, MergedLinear) else 1
+            parts = len(module.output_sizes) if isinstance(module, MergedColumnLinear) else 1
             missing += [
-                f"{full}[{s}]" if shards > 1 else full for s in range(shards) if (full, s) not in loaded
+                f"{full}[{p}]" if parts > 1 else full for p in range(parts) if (full, p) not in loaded
             ]
     return missing

@@ -1,9 +1,8 @@
-"""The scheduler layer: request state, continuous batching with preemption, the in-process
-EngineCore (used by the offline LLM), and the engine process with its messages (used by the
-server and the shell)."""
+"""The scheduler: policy only. Which requests run in the next step, and how many tokens each:
+continuous batching, chunked prefill under a token budget, prefix-cache admission, preemption
+when the KV pool runs dry. The KV cache manager decides which pages; the engine runs the step."""
 
-from .engine_core import EngineCore, validate_early
-from .messages import EngineInfo, EngineStats, RequestDelta
+from .request import Request, ScheduledBatch, Status
 from .scheduler import Scheduler
 
-__all__ = ["EngineCore", "EngineInfo", "EngineStats", "RequestDelta", "Scheduler", "validate_early"]
+__all__ = ["Request", "ScheduledBatch", "Scheduler", "Status"]

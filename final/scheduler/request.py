@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-import torch
-
+from ..core.forward_batch import StepInput
 from ..core.sampling_params import SamplingParams
-from ..engine.runner import StepInput
-from ..kvcache import Handle
+from ..kvcache import RequestPages
 
 
 class Status(Enum):
@@ -23,31 +21,27 @@ class Request:
     rid: int
     prompt_ids: list[int]
     params: SamplingParams
-    max_new_tokens: int  # params.max_tokens, capped by the room left in the context
-    generator: torch.Generator | None = None
-    output_ids: list[int] = field(default_factory=list)
+    max_new_tokens: int  # params.max_tokens, capped by the room left in the context (core/limits)
+    output_ids: list[int] = field(default_factory=list)  # sampled tokens the host has collected
+    # Tokens sampled by a launched step whose values have not reached the host yet: the device's
+    # token table has them, and a decode step reads them from there. 0 in the synchronous loop
+    # whenever the scheduler runs; 1 while an overlapped step is in flight.
+    num_pending: int = 0
+    # Whether the runner's token table holds this request's last sampled token, in its current row
+    # (true once a step has sampled it there; false again when a preemption takes the row away).
+    last_token_on_device: bool = False
     status: Status = Status.WAITING
-    row: int = -1  # the request's row in the page table while it holds pages
-    pages: list[int] = field(default_factory=list)  # every page holding its tokens, in order
-    # pages[:num_shared_pages] belong to the prefix cache, locked through cache_handle while the
-    # request runs; the rest are the request's own, freed when it leaves.
-    num_shared_pages: int = 0
-    cache_handle: Handle = None
-    num_computed: int = 0  # tokens whose K and V are in the cache
+    kv: RequestPages = field(default_factory=RequestPages)  # owned by the KV cache manager
+    num_computed: int = 0  # tokens whose K and V are in the cache (or written by a launched step)
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache at admission
 
     @property
-    def own_pages(self) -> list[int]:
-        return self.pages[self.num_shared_pages :]
-
-    @property
-    def is_decoding(self) -> bool:
-        """Past its prompt: the next step computes the one token it sampled last."""
-        return bool(self.output_ids) and self.num_uncomputed == 1
+    def num_generated(self) -> int:
+        return len(self.output_ids) + self.num_pending
 
     @property
     def seq_len(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.prompt_ids) + self.num_generated
 
     @property
     def num_uncomputed(self) -> int:
@@ -55,12 +49,19 @@ class Request:
         step budget; prompt + output after a preemption), then the last sampled token."""
         return self.seq_len - self.num_computed
 
+    @property
+    def is_decoding(self) -> bool:
+        """Past its prompt: the next step computes the one token it sampled last."""
+        return self.num_generated > 0 and self.num_uncomputed == 1
+
     def all_ids(self) -> list[int]:
+        """The tokens the host knows: the prompt and the collected output."""
         return self.prompt_ids + self.output_ids
 
     def tokens(self, start: int, end: int) -> list[int]:
         """all_ids()[start:end], without building all_ids (a decode step wants one token)."""
         n = len(self.prompt_ids)
+        assert end <= n + len(self.output_ids), "a token the host has not collected yet"
         if start >= n:
             return self.output_ids[start - n : end - n]
         if end <= n:
@@ -77,24 +78,20 @@ class ScheduledBatch:
     query_lens: list[int]
     sampled: list[bool]  # whether the step reaches the request's last token (a cut prompt does not)
 
-    @property
-    def size(self) -> int:
-        return len(self.requests)
-
-    @property
-    def is_prefill(self) -> bool:
-        """Some request computes more than one token (decode kernels need exactly one each)."""
-        return any(q > 1 for q in self.query_lens)
-
     def step_input(self) -> StepInput:
         input_ids: list[int] = []
+        from_table: list[bool] = []
         for req, q_len in zip(self.requests, self.query_lens, strict=True):
-            input_ids += req.tokens(req.num_computed, req.num_computed + q_len)
+            # A decoding request's token is the one it sampled last: the device has it (unless a
+            # preemption moved the request to another row since; then the host supplies it).
+            on_device = req.is_decoding and req.last_token_on_device
+            from_table.append(on_device)
+            input_ids += [0] if on_device else req.tokens(req.num_computed, req.num_computed + q_len)
         return StepInput(
-            is_prefill=self.is_prefill,
-            input_ids=input_ids,
-            query_lens=self.query_lens,
+            rows=[r.kv.row for r in self.requests],
+            query_lens=list(self.query_lens),
             seq_lens=[r.num_computed + q for r, q in zip(self.requests, self.query_lens, strict=True)],
-            rows=[r.row for r in self.requests],
-            sampled=self.sampled,
+            sampled=list(self.sampled),
+            input_ids=input_ids,
+            from_table=from_table,
         )

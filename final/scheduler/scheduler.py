@@ -24,7 +24,7 @@ from collections import deque
 
 from ..core.config import CHUNK_POLICIES
 from ..core.errors import UserError
-from ..kvcache import KVCacheManager, PageTable, PrefixMatch
+from ..kvcache import KVCacheManager
 from .request import Request, ScheduledBatch, Status
 
 log = logging.getLogger(__name__)
@@ -37,20 +37,11 @@ MIN_SHARED_TO_WAIT = 32
 
 
 class Scheduler:
-    def __init__(
-        self,
-        kv: KVCacheManager,
-        page_table: PageTable,
-        page_size: int,
-        max_running: int,
-        max_prefill_tokens: int,
-        policy: str = "mixed",
-    ):
+    def __init__(self, kv: KVCacheManager, max_running: int, max_prefill_length: int, policy: str = "mixed"):
         if policy not in CHUNK_POLICIES:
             raise UserError(f"unknown chunk policy {policy!r}; choose from {', '.join(CHUNK_POLICIES)}")
-        self.kv, self.page_table, self.page_size = kv, page_table, page_size
-        self.cache = kv.prefix_cache
-        self.max_running, self.max_prefill_tokens, self.policy = max_running, max_prefill_tokens, policy
+        self.kv = kv
+        self.max_running, self.max_prefill_length, self.policy = max_running, max_prefill_length, policy
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last is the newest
         self.by_rid: dict[int, Request] = {}
@@ -66,10 +57,6 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
-    @property
-    def hit_rate(self) -> float:
-        return self.num_cached_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
-
     def add(self, req: Request) -> None:
         if req.rid in self.by_rid:
             raise UserError(f"request id {req.rid} is already in the engine")
@@ -82,9 +69,9 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         if self.policy == "mixed":
             decodes = self._decodes()  # first: they may preempt, and must not wait for prefill
-            chunks = self._prefill_chunks(self.max_prefill_tokens)
+            chunks = self._prefill_chunks(self.max_prefill_length)
         else:  # prefill-first: a step with prefill work carries nothing else
-            chunks = self._prefill_chunks(self.max_prefill_tokens)
+            chunks = self._prefill_chunks(self.max_prefill_length)
             decodes = [] if chunks else self._decodes()
         work = [(r, 1) for r in decodes] + chunks
         if not work and self.running:
@@ -106,7 +93,7 @@ class Scheduler:
         """Running requests past their prompt: one token each. When the pool runs dry, preempt the
         newest request until the rest fit."""
         for req in [r for r in self.running if r.is_decoding]:
-            while req.status is Status.RUNNING and not self._grow(req, req.seq_len):
+            while req.status is Status.RUNNING and not self.kv.grow(req.kv, req.seq_len):
                 self._preempt(self.running[-1])
         return [r for r in self.running if r.is_decoding]
 
@@ -120,7 +107,7 @@ class Scheduler:
             if req.is_decoding:
                 continue
             size = min(req.num_uncomputed, budget)
-            if not self._grow(req, req.num_computed + size):
+            if not self.kv.grow(req.kv, req.num_computed + size):
                 return chunks  # no pages for now: finishing decodes will free some
             chunks.append((req, size))
             budget -= size
@@ -132,80 +119,45 @@ class Scheduler:
             if self._shares_with(admitted, req, match.num_tokens):
                 later.append(req)
                 continue
-            self.cache.lock(match.handle)  # before anything is evicted to make room for the rest
             size = min(req.seq_len - match.num_tokens, budget)
             # Keep a page per running request in reserve: admitting a prompt should not force a
             # preemption on the very next decode step.
-            need = -(-(match.num_tokens + size) // self.page_size) - len(match.pages)
-            if need > self.kv.num_available_pages - len(self.running):
-                self.cache.unlock(match.handle)
+            if not self.kv.admit(req.kv, match, match.num_tokens + size, reserve=len(self.running)):
                 self.waiting.appendleft(req)  # first come, first served: later requests wait behind it
                 break
-            self._admit(req, match, match.num_tokens + size)
+            self._start(req, match.num_tokens)
             admitted.append(req)
             chunks.append((req, size))
             budget -= size
         self.waiting.extendleft(reversed(later))
         return chunks
 
-    def _admit(self, req: Request, match: PrefixMatch, length: int) -> None:
-        """Give the request a page-table row starting with the cached pages, and room for `length`."""
-        req.row = self.page_table.acquire_row()
-        self.page_table.write(req.row, 0, match.pages)
-        req.pages, req.num_shared_pages, req.cache_handle = list(match.pages), len(match.pages), match.handle
-        req.num_computed = match.num_tokens  # their K and V are in the pool already
+    def _start(self, req: Request, num_cached: int) -> None:
+        """An admitted request runs: the matched prefix's K and V are in the pool already."""
+        req.num_computed = num_cached
         if not req.output_ids:  # after a preemption mid-answer, keep what the first admission said
-            req.cached_tokens = min(match.num_tokens, len(req.prompt_ids))
+            req.cached_tokens = min(num_cached, len(req.prompt_ids))
         self.num_prompt_tokens += req.seq_len
-        self.num_cached_tokens += match.num_tokens
-        grown = self._grow(req, length)
-        assert grown, "admission checked that the pages exist"
+        self.num_cached_tokens += num_cached
         req.status = Status.RUNNING
         self.running.append(req)
 
     def _shares_with(self, admitted: list[Request], req: Request, cached: int) -> bool:
         """Would `req` compute, beyond what the cache holds, a prefix that `admitted` computes too?"""
         end = cached + MIN_SHARED_TO_WAIT
-        if not self.cache.reuses_prefixes or req.seq_len <= end:
+        if not self.kv.prefix_cache.reuses_prefixes or req.seq_len <= end:
             return False
         head = req.tokens(0, end)
         return any(other.seq_len >= end and other.tokens(0, end) == head for other in admitted)
 
-    def _pages_needed(self, req: Request, length: int) -> int:
-        return max(0, -(-length // self.page_size) - len(req.pages))
-
-    def _grow(self, req: Request, length: int) -> bool:
-        """Give `req` enough pages to hold `length` tokens; False if the pool cannot."""
-        need = self._pages_needed(req, length)
-        if need == 0:
-            return True
-        pages = self.kv.allocate(need)
-        if pages is None:
-            return False
-        self.page_table.write(req.row, len(req.pages), pages)
-        req.pages.extend(pages)
-        return True
-
     def cache_request(self, req: Request) -> None:
-        """Offer the request's whole computed pages to the prefix cache (once its whole prompt is
-        prefilled, and when it finishes). Where the cache already holds the same tokens, the
-        request switches to the cache's pages and frees its duplicates."""
+        """Offer the request's computed tokens to the prefix cache: once its whole prompt is
+        prefilled (never a prompt cut mid-way), and when it finishes."""
         if req.num_computed < len(req.prompt_ids):
-            return  # a prompt cut mid-way enters the cache only once all of it is in
-        count = req.num_computed // self.page_size
-        held, handle = self.cache.insert(req.tokens(0, count * self.page_size), req.pages[:count])
-        if not held:
-            return  # the cache kept nothing: the pages stay the request's own
-        self.cache.lock(handle)
-        self.cache.unlock(req.cache_handle)
-        start = req.num_shared_pages  # pages before it were the cache's already
-        mine = req.pages[start : len(held)]
-        duplicates = [page for page, kept in zip(mine, held[start:], strict=True) if page != kept]
-        if duplicates:
-            self.kv.free(duplicates)
-            self.page_table.write(req.row, start, held[start:])
-        req.pages[: len(held)] = held
-        req.num_shared_pages, req.cache_handle = len(held), handle
+            return
+        # Only tokens the host knows go in (a token still in flight is not computed yet anyway).
+        computed = min(req.num_computed, len(req.prompt_ids) + len(req.output_ids))
+        self.kv.cache(req.kv, req.tokens(0, computed), computed)
 
     def _preempt(self, req: Request) -> None:
         log.warning(
@@ -213,15 +165,16 @@ class Scheduler:
         )
         self.num_preemptions += 1
         self.running.remove(req)
-        self._release(req)
+        self.kv.release(req.kv)
         req.num_computed = 0  # its KV is gone: prompt and output so far are prefilled again
+        req.last_token_on_device = False  # its row goes too
         req.status = Status.WAITING
         self.waiting.appendleft(req)
 
     def finish(self, req: Request) -> None:
         self.running.remove(req)
         self.cache_request(req)  # its prompt and output stay for later requests (a chat's next turn)
-        self._release(req)
+        self.kv.release(req.kv)
         req.status = Status.FINISHED
         del self.by_rid[req.rid]
 
@@ -238,24 +191,15 @@ class Scheduler:
             del self.by_rid[rid]
         return True
 
-    def _release(self, req: Request) -> None:
-        """Free the request's own pages and unlock the cache's; the cache keeps those."""
-        self.kv.free(req.own_pages)
-        self.cache.unlock(req.cache_handle)
-        req.pages, req.num_shared_pages, req.cache_handle = [], 0, None
-        self.page_table.release_row(req.row)
-        req.row = -1
-
     def check_integrity(self) -> None:
-        """Every page is free, held by the prefix cache, or owned by one running request: exactly
-        one of these; the cache's locks are exactly the running requests'. AssertionError if not."""
-        self.kv.check_integrity(
-            [p for r in self.running for p in r.own_pages], [r.cache_handle for r in self.running]
-        )
+        """The KV manager's invariants over the running requests, and per request: its shared pages
+        hold its own tokens, its computed tokens fit its pages; waiting requests hold nothing."""
+        self.kv.check_integrity(r.kv for r in self.running)
         for r in self.running:
-            tokens, pages = self.cache.prefix(r.cache_handle)
-            assert pages == r.pages[: r.num_shared_pages], "a request's shared pages are not the cache's"
+            tokens, _ = self.kv.prefix_cache.prefix(r.kv.handle)
             assert tokens == r.tokens(0, len(tokens)), "a request uses the KV of other tokens"
-            assert r.num_computed <= len(r.pages) * self.page_size
+            assert r.num_computed <= len(r.kv.pages) * self.kv.page_size
         for r in self.waiting:
-            assert not r.pages and r.cache_handle is None and r.row < 0, "a waiting request holds pages"
+            assert not r.kv.holds_pages and not r.kv.pages and r.kv.handle is None, (
+                "a waiting request holds pages"
+            )

@@ -11,8 +11,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 
+from ..engine.process import EngineProcess
 from ..frontend.client import AsyncEngineClient
-from ..scheduler.process import EngineProcess
 from .errors import APIError
 from .openai_api import chat_completions, completions
 from .state import ServerState
@@ -40,8 +40,15 @@ def create_app(make_state: StateFactory, engine: EngineProcess) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         state: ServerState = request.app.state.server
-        card = {"id": state.served_model_name, "object": "model", "created": started, "owned_by": "final",
-                "root": state.info.model_dir, "max_model_len": state.info.max_context, "vocab_size": state.info.vocab_size}  # fmt: skip
+        card = {
+            "id": state.served_model_name,
+            "object": "model",
+            "created": started,
+            "owned_by": "final",
+            "root": state.info.model_dir,
+            "max_model_len": state.info.max_context,
+            "vocab_size": state.info.vocab_size,
+        }
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.get("/health")

@@ -14,9 +14,13 @@ from fastapi.responses import JSONResponse
 
 class APIError(Exception):
     def __init__(
-        self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
         code: str | None = None,
-    ):  # fmt: skip
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
@@ -34,14 +38,18 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 def overloaded(in_flight: int, limit: int) -> APIError:
     return APIError(
-        503, f"the server is overloaded: {in_flight} requests in flight, the limit is {limit} "
+        503,
+        f"the server is overloaded: {in_flight} requests in flight, the limit is {limit} "
         f"(--max-running-requests + --max-waiting-requests); retry later",
-        type="server_error", code="server_overloaded",
-    )  # fmt: skip
+        type="server_error",
+        code="server_overloaded",
+    )
 
 
 def model_not_found(asked: str, served: str) -> APIError:
     return APIError(
-        404, f"the model {asked!r} does not exist on this server; it serves {served!r}",
-        param="model", code="model_not_found",
-    )  # fmt: skip
+        404,
+        f"the model {asked!r} does not exist on this server; it serves {served!r}",
+        param="model",
+        code="model_not_found",
+    )

@@ -1,6 +1,6 @@
 """From a validated request to text deltas: limits, admission, the engine round trip, metrics.
 
-`prepare_prompt` and `admit` raise APIErrors before anything is sent to the engine, so a bad
+`check_request` and `admit` raise APIErrors before anything is sent to the engine, so a bad
 request gets a 400 or 503 (never a hung stream). `generate` is one choice of one request: it
 yields OutputDeltas and, however it ends (finished, stop string, client gone, task cancelled),
 releases the request, aborting it in the engine if it is still running there, so its KV pages
@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..core.errors import ContextLengthError, UserError
-from ..core.limits import check_prompt, max_new_tokens
+from ..core.limits import max_new_tokens
 from ..core.sampling_params import SamplingParams
 from ..frontend.request_state import OutputDelta, RequestState
 from .errors import APIError, bad_request, overloaded
@@ -28,18 +28,12 @@ class ClientGone(Exception):
     pass
 
 
-def prepare_prompt(
-    state: ServerState, prompt_ids: list[int], params: SamplingParams, max_tokens: int | None
-) -> None:
-    """Check the prompt and settle params.max_tokens: as asked (capped to the context, so the
-    answer ends with "length"), or, when not given, all the room the context and the pool leave."""
+def check_request(state: ServerState, prompt_ids: list[int], params: SamplingParams) -> None:
+    """Answer 400 now, before anything is sent, for a request the engine would refuse: the engine
+    applies the same rule (core/limits.max_new_tokens) when it admits the request."""
     info = state.info
     try:
-        check_prompt(prompt_ids, info.max_context, info.vocab_size)
-        room = min(info.max_context, info.kv_capacity) - len(prompt_ids)
-        params.max_tokens = max_tokens if max_tokens is not None else max(room, 1)
-        params.validate()
-        max_new_tokens(prompt_ids, params, info.max_context, info.vocab_size, info.kv_capacity)
+        max_new_tokens(prompt_ids, params.max_tokens, info.max_context, info.vocab_size, info.kv_capacity)
     except UserError as err:
         code = "context_length_exceeded" if isinstance(err, ContextLengthError) else None
         raise bad_request(str(err), code=code) from None
@@ -51,8 +45,9 @@ def admit(state: ServerState, count: int) -> None:
         state.metrics.rejected["overloaded"] += 1
         raise overloaded(in_flight, state.max_in_flight)
     if state.client.dead:
-        raise APIError(503, "the engine process has stopped; restart the server", type="server_error",
-                       code="engine_dead")  # fmt: skip
+        raise APIError(
+            503, "the engine process has stopped; restart the server", type="server_error", code="engine_dead"
+        )
 
 
 def sampling_for_choice(params: SamplingParams, index: int) -> SamplingParams:

@@ -8,10 +8,7 @@ import socket
 
 from ..core.config import EngineConfig
 from ..core.errors import UserError
-from ..frontend.tokenizer import Tokenizer
-from ..models import resolve_model
-from ..scheduler import validate_early
-from ..scheduler.process import launch_engine, setup_logging
+from ..frontend.startup import start_frontend
 from .app import StateFactory, create_app
 
 log = logging.getLogger(__name__)
@@ -32,31 +29,48 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     import uvicorn
 
     log_level = args.log_level or "info"
-    setup_logging(log_level)
-    validate_early(config)  # a bad flag fails here, before any process or model is touched
-    if args.max_waiting_requests < 0:
-        raise UserError(f"--max-waiting-requests must be >= 0, got {args.max_waiting_requests}")
-    check_port_free(args.host, args.port)  # before minutes of model loading, not after
-    model_dir = resolve_model(config.model)  # converts the default model once, in this process
-    tokenizer = Tokenizer(model_dir)
-    log.info("starting the engine for %s", model_dir)
-    engine = launch_engine(config, model_dir, log_level)
+
+    def check_flags() -> None:
+        if args.max_waiting_requests < 0:
+            raise UserError(f"--max-waiting-requests must be >= 0, got {args.max_waiting_requests}")
+
+    frontend = start_frontend(
+        config,
+        log_level,
+        checks=[check_flags, lambda: check_port_free(args.host, args.port)],
+        on_loading=lambda model_dir: log.info("starting the engine for %s", model_dir),
+    )
+    engine, model_dir = frontend.engine, frontend.model_dir
     served = args.served_model_name or model_dir.name
     accepted = {served, model_dir.name, str(model_dir)} | ({config.model} if config.model else set())
     state = StateFactory(
-        tokenizer=tokenizer, info=engine.info, served_model_name=served, accepted_model_names=accepted,
+        tokenizer=frontend.tokenizer,
+        info=engine.info,
+        served_model_name=served,
+        accepted_model_names=accepted,
         max_in_flight=config.max_running_requests + args.max_waiting_requests,
-    )  # fmt: skip
+    )
     info = engine.info
     log.info(
         "serving %r on http://%s:%d (device %s, %s, attention %s, %d KV pages of %d tokens, cache %s)",
-        served, args.host, args.port, info.device, info.dtype, info.attn, info.num_pages, info.page_size, info.cache,
-    )  # fmt: skip
+        served,
+        args.host,
+        args.port,
+        info.device,
+        info.dtype,
+        info.attn,
+        info.num_pages,
+        info.page_size,
+        info.cache,
+    )
     try:
         uvicorn.run(
-            create_app(state, engine), host=args.host, port=args.port, log_level=log_level,
+            create_app(state, engine),
+            host=args.host,
+            port=args.port,
+            log_level=log_level,
             timeout_graceful_shutdown=5,
-        )  # fmt: skip
+        )
     finally:
-        engine.shutdown()
+        frontend.close()
     return 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
-from ..scheduler.messages import EngineStats
+from ..engine.messages import EngineStats
 
 PREFIX = "final_"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -63,10 +63,18 @@ class Metrics:
             lines.extend([f"# HELP {PREFIX}{name} {help}", f"# TYPE {PREFIX}{name} {kind}"])
             lines.extend(f"{PREFIX}{name}{labels} {value}" for labels, value in samples)
 
-        metric("requests_total", "counter", "Finished requests by finish reason.",
-               [(f'{{finish_reason="{r}"}}', n) for r, n in sorted(self.finished.items())] or [("", 0)])  # fmt: skip
-        metric("requests_rejected_total", "counter", "Requests refused before reaching the engine.",
-               [(f'{{reason="{r}"}}', n) for r, n in sorted(self.rejected.items())] or [("", 0)])  # fmt: skip
+        metric(
+            "requests_total",
+            "counter",
+            "Finished requests by finish reason.",
+            [(f'{{finish_reason="{r}"}}', n) for r, n in sorted(self.finished.items())] or [("", 0)],
+        )
+        metric(
+            "requests_rejected_total",
+            "counter",
+            "Requests refused before reaching the engine.",
+            [(f'{{reason="{r}"}}', n) for r, n in sorted(self.rejected.items())] or [("", 0)],
+        )
         metric(
             "prompt_tokens_total",
             "counter",
@@ -82,15 +90,27 @@ class Metrics:
         metric(
             "kv_pages_cached", "gauge", "KV-cache pages held by the prefix cache.", [("", stats.cached_pages)]
         )
-        metric("kv_integrity_ok", "gauge", "1 when free + cached + live requests' own pages == all pages.",
-               [("", 0 if "integrity_error" in stats.extra else 1)])  # fmt: skip
+        metric(
+            "kv_integrity_ok",
+            "gauge",
+            "1 when free + cached + live requests' own pages == all pages.",
+            [("", 0 if "integrity_error" in stats.extra else 1)],
+        )
         usage = 1 - stats.free_pages / stats.num_pages if stats.num_pages else 0.0
         metric("kv_usage_ratio", "gauge", "Share of KV-cache pages not on the free list.", [("", usage)])
         hit = stats.cached_prompt_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
-        metric("prefix_cache_hit_ratio", "gauge", "Prompt tokens reused from the prefix cache / prompt tokens.",
-               [("", hit)])  # fmt: skip
-        metric("preemptions_total", "counter", "Requests preempted when the KV cache ran out.",
-               [("", stats.num_preemptions)])  # fmt: skip
+        metric(
+            "prefix_cache_hit_ratio",
+            "gauge",
+            "Prompt tokens reused from the prefix cache / prompt tokens.",
+            [("", hit)],
+        )
+        metric(
+            "preemptions_total",
+            "counter",
+            "Requests preempted when the KV cache ran out.",
+            [("", stats.num_preemptions)],
+        )
         metric("engine_steps_total", "counter", "Forward passes the engine ran.", [("", stats.num_steps)])
         for histogram in (self.ttft, self.itl, self.e2e):
             lines.extend(histogram.render())

@@ -18,7 +18,7 @@ from ..core.sampling_params import SamplingParams
 from ..frontend.request_state import OutputDelta, RequestState
 from .errors import APIError, bad_request, model_not_found
 from .formatting import SSE_DONE, SSE_HEADERS, chat_logprobs, completion_logprobs, sse, usage
-from .generation import ClientGone, Job, admit, generate_many, prepare_prompt, sampling_for_choice
+from .generation import ClientGone, Job, admit, check_request, generate_many, sampling_for_choice
 from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest, parse
 from .state import ServerState
 
@@ -37,13 +37,21 @@ def check_model(state: ServerState, model: str | None) -> None:
         raise model_not_found(model, state.served_model_name)
 
 
-def sampling_params(req: CommonFields, logprobs: int | None) -> SamplingParams:
+def sampling_params(req: CommonFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """The request's sampling parameters; max_tokens None: as many as the context leaves room for."""
     try:
         return SamplingParams(
-            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p, seed=req.seed,
-            max_tokens=1, stop=req.stops(), stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            min_p=req.min_p,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            stop=req.stops(),
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
             logprobs=logprobs,
-        )  # fmt: skip
+        )
     except UserError as err:
         raise bad_request(str(err)) from None
 
@@ -116,8 +124,8 @@ async def chat_completions(http: Request) -> Response:
         prompt_ids = state.tokenizer.encode_chat(messages)
     except UserError as err:
         raise bad_request(str(err), param="messages") from None
-    params = sampling_params(req, req.num_logprobs())
-    prepare_prompt(state, prompt_ids, params, req.requested_max_tokens())
+    params = sampling_params(req, req.requested_max_tokens(), req.num_logprobs())
+    check_request(state, prompt_ids, params)
     admit(state, req.n)
     jobs = [Job(i, prompt_ids, sampling_for_choice(params, i)) for i in range(req.n)]
     head = {
@@ -129,15 +137,24 @@ async def chat_completions(http: Request) -> Response:
 
     if not req.stream:
         choices, cached = await _collect(state, jobs, http)
-        return JSONResponse({
-            **head, "object": "chat.completion",
-            "choices": [{
-                "index": i, "message": {"role": "assistant", "content": c.text},
-                "logprobs": chat_logprobs(state.tokenizer, c.token_ids, c.logprobs) if want_logprobs else None,
-                "finish_reason": c.finish_reason,
-            } for i, c in enumerate(choices)],
-            "usage": usage(len(prompt_ids), sum(len(c.token_ids) for c in choices), cached),
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                **head,
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": c.text},
+                        "logprobs": chat_logprobs(state.tokenizer, c.token_ids, c.logprobs)
+                        if want_logprobs
+                        else None,
+                        "finish_reason": c.finish_reason,
+                    }
+                    for i, c in enumerate(choices)
+                ],
+                "usage": usage(len(prompt_ids), sum(len(c.token_ids) for c in choices), cached),
+            }
+        )
 
     base = {**head, "object": "chat.completion.chunk"}
     if req.include_usage:
@@ -173,11 +190,11 @@ async def completions(http: Request) -> Response:
     state: ServerState = http.app.state.server
     req = parse(CompletionRequest, await read_json(http))
     check_model(state, req.model)
-    params = sampling_params(req, req.logprobs)
+    params = sampling_params(req, req.max_tokens, req.logprobs)
     prompts: list[list[int]] = []
     for prompt in req.prompts():
         ids = state.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        prepare_prompt(state, ids, params, req.max_tokens)
+        check_request(state, ids, params)
         prompts.append(ids)
     admit(state, req.n * len(prompts))
     jobs = [
@@ -191,15 +208,24 @@ async def completions(http: Request) -> Response:
 
     if not req.stream:
         choices, cached = await _collect(state, jobs, http)
-        return JSONResponse({
-            **head, "object": "text_completion",
-            "choices": [{
-                "index": i, "text": c.text,
-                "logprobs": completion_logprobs(state.tokenizer, c.token_ids, c.logprobs) if want_logprobs else None,
-                "finish_reason": c.finish_reason,
-            } for i, c in enumerate(choices)],
-            "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices), cached),
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                **head,
+                "object": "text_completion",
+                "choices": [
+                    {
+                        "index": i,
+                        "text": c.text,
+                        "logprobs": completion_logprobs(state.tokenizer, c.token_ids, c.logprobs)
+                        if want_logprobs
+                        else None,
+                        "finish_reason": c.finish_reason,
+                    }
+                    for i, c in enumerate(choices)
+                ],
+                "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices), cached),
+            }
+        )
 
     base = {**head, "object": "text_completion"}
     if req.include_usage:

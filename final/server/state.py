@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..engine.messages import EngineInfo
 from ..frontend.client import AsyncEngineClient
 from ..frontend.tokenizer import Tokenizer
-from ..scheduler.messages import EngineInfo
 from .metrics import Metrics
 
 

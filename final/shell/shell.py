@@ -10,19 +10,20 @@ Ctrl-D or /exit leaves. Sampling comes from FINAL_SHELL_TEMPERATURE (0.6), FINAL
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
 
 from ..core.config import EngineConfig
 from ..core.errors import UserError
+from ..core.limits import max_new_tokens
 from ..core.sampling_params import SamplingParams
+from ..engine.messages import EngineInfo
 from ..frontend.client import SyncEngineClient
 from ..frontend.request_state import RequestState
+from ..frontend.startup import start_frontend
 from ..frontend.tokenizer import Message, Tokenizer
-from ..models import resolve_model
-from ..scheduler import validate_early
-from ..scheduler.process import launch_engine, setup_logging
 
 HELP = """commands:
   /reset   forget the conversation and start a new one
@@ -35,9 +36,11 @@ def shell_params() -> SamplingParams:
     env = os.environ.get
     try:
         return SamplingParams(
-            temperature=float(env("FINAL_SHELL_TEMPERATURE", "0.6")), top_p=float(env("FINAL_SHELL_TOP_P", "0.95")),
-            top_k=int(env("FINAL_SHELL_TOP_K", "-1")), max_tokens=int(env("FINAL_SHELL_MAX_TOKENS", "1024")),
-        )  # fmt: skip
+            temperature=float(env("FINAL_SHELL_TEMPERATURE", "0.6")),
+            top_p=float(env("FINAL_SHELL_TOP_P", "0.95")),
+            top_k=int(env("FINAL_SHELL_TOP_K", "-1")),
+            max_tokens=int(env("FINAL_SHELL_MAX_TOKENS", "1024")),
+        )
     except ValueError as err:
         raise UserError(f"bad FINAL_SHELL_* setting: {err}") from err
 
@@ -58,9 +61,9 @@ def make_reader() -> Callable[[str], str]:
 
 class Shell:
     def __init__(
-        self, client: SyncEngineClient, tokenizer: Tokenizer, max_context: int, params: SamplingParams
+        self, client: SyncEngineClient, tokenizer: Tokenizer, info: EngineInfo, params: SamplingParams
     ):
-        self.client, self.tokenizer, self.max_context, self.params = client, tokenizer, max_context, params
+        self.client, self.tokenizer, self.info, self.params = client, tokenizer, info, params
         self.history: list[Message] = []
 
     def command(self, line: str) -> bool:
@@ -86,13 +89,13 @@ class Shell:
         except UserError as err:
             print(f"[{err}]")
             return
-        room = self.max_context - len(prompt_ids)
-        if room < 1:
-            print(
-                f"[the conversation ({len(prompt_ids)} tokens) fills the context ({self.max_context}); /reset]"
-            )
+        info = self.info
+        try:  # the engine's own rule: the answer is capped by the context and the KV pool
+            cap = max_new_tokens(prompt_ids, None, info.max_context, info.vocab_size, info.kv_capacity)
+        except UserError:
+            print(f"[the conversation ({len(prompt_ids)} tokens) fills the context; /reset]")
             return
-        params = SamplingParams(**{**vars(self.params), "max_tokens": min(self.params.max_tokens, room)})
+        params = dataclasses.replace(self.params, max_tokens=min(self.params.max_tokens or cap, cap))
         state = RequestState(0, prompt_ids, params, self.tokenizer)
         stream = self.client.generate(prompt_ids, params)
         try:
@@ -135,25 +138,21 @@ class Shell:
 
 
 def run_shell(args: argparse.Namespace, config: EngineConfig) -> int:
-    log_level = args.log_level or "warning"
-    setup_logging(log_level)
-    validate_early(config)
-    model_dir = resolve_model(config.model)
-    tokenizer = Tokenizer(model_dir)
-    if not tokenizer.has_chat_template:
-        raise UserError(
-            f"{model_dir.name} has no chat template, so it cannot chat; serve it and use /v1/completions"
-        )
     params = shell_params()
-    print(f"Loading {model_dir.name}...", flush=True)
-    engine = launch_engine(config, model_dir, log_level)
+    frontend = start_frontend(
+        config,
+        args.log_level or "warning",
+        require_chat_template=True,
+        on_loading=lambda model_dir: print(f"Loading {model_dir.name}...", flush=True),
+    )
+    engine = frontend.engine
     client = SyncEngineClient(engine)
     try:
         print(
-            f"Chatting with {model_dir.name} on {engine.info.device}. /help for commands, /exit or Ctrl-D to leave."
+            f"Chatting with {frontend.model_dir.name} on {engine.info.device}. /help for commands, /exit or Ctrl-D to leave."
         )
-        Shell(client, tokenizer, engine.info.max_context, params).run(make_reader())
+        Shell(client, frontend.tokenizer, engine.info, params).run(make_reader())
     finally:
         client.close()
-        engine.shutdown()
+        frontend.close()
     return 0

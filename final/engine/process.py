@@ -26,17 +26,13 @@ import zmq
 
 from ..core.config import EngineConfig
 from ..core.errors import UserError
-from .engine_core import EngineCore
+from ..core.logs import setup_logging
+from .core import EngineCore
 from .messages import AbortRequest, AddRequest, EngineInfo, RequestDelta, Shutdown, StatsQuery, StepOutputs
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 500  # how often an idle engine checks that its parent is still alive
-LOG_FORMAT = "%(asctime)s %(levelname)s [%(processName)s] %(name)s: %(message)s"
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, force=True)
 
 
 @dataclass
@@ -96,9 +92,11 @@ def launch_engine(
     ctx = mp.get_context("spawn")
     ready: Any = ctx.Queue()
     process = ctx.Process(
-        target=engine_main, args=(config, str(model_dir), request_addr, output_addr, ready, log_level),
-        name="final-engine", daemon=True,
-    )  # fmt: skip
+        target=engine_main,
+        args=(config, str(model_dir), request_addr, output_addr, ready, log_level),
+        name="final-engine",
+        daemon=True,
+    )
     process.start()
     deadline = time.monotonic() + start_timeout
     while True:

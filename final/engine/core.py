@@ -1,0 +1,208 @@
+"""EngineCore: requests in, one scheduled step at a time, token ids out.
+
+It is the engine without any I/O: the offline `LLM` drives it in-process, and the engine process
+(process.py) drives it from ZMQ messages. It knows nothing of text: stop strings are applied by
+the frontend, which calls `abort` when one matches.
+
+A step is two calls. `launch(batch)` prepares and runs the forward pass, samples on the device,
+writes the sampled tokens into the runner's token table (where the next decode step reads them)
+and starts their copy to the host; it returns a `StepHandle` without waiting for the device.
+`collect(handle)` waits for the tokens and does the bookkeeping: outputs, finish checks, prefix
+cache inserts. The synchronous loop is `collect(launch(schedule()))` (`step`); overlap scheduling
+(stage 06) launches step N+1 before collecting step N.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..attention import resolve_names
+from ..core.config import EngineConfig
+from ..core.devices import DTYPES, pick_device, pick_dtype
+from ..core.limits import finish_reason, max_new_tokens
+from ..core.model_config import load_model_config
+from ..core.sampling_params import SamplingParams
+from ..kvcache import KVCacheManager, create_prefix_cache
+from ..models import resolve_model
+from ..scheduler import Request, ScheduledBatch, Scheduler
+from .messages import EngineInfo, EngineStats, RequestDelta
+from .runner import ModelRunner
+from .sampler import TopLogprobs, make_generator, sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepHandle:
+    """A launched step: what `collect` needs once the device is done."""
+
+    batch: ScheduledBatch
+    sampled: list[Request]  # the requests that get a token from this step, in row order
+    completes_prefill: list[bool]  # per sampled request: this step finished its prompt
+    tokens: torch.Tensor | None  # [len(sampled)] on the host (pinned) once `done` has fired
+    done: torch.cuda.Event | None  # recorded after the copy; None on the CPU (already done)
+    logprobs: TopLogprobs | None
+
+    def wait(self) -> list[int]:
+        if self.done is not None:
+            self.done.synchronize()  # the one wait per step: the host needs the tokens
+        return [] if self.tokens is None else self.tokens.tolist()
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, model_dir: Path | None = None):
+        self.engine_config = config
+        self.model_dir = Path(model_dir) if model_dir is not None else resolve_model(config.model)
+        self.model_config = load_model_config(self.model_dir, config.max_seq_len_override)
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, self.model_config.dtype, self.device)
+        # Fail on a bad --attn or --cache before spending time on the weights.
+        resolve_names(config.attn, self.device.type, self.dtype)
+        prefix_cache = create_prefix_cache(config.cache, config.page_size)
+        self.runner = ModelRunner(config, self.model_dir, self.model_config, self.device, self.dtype)
+        self.kv = KVCacheManager(
+            self.runner.num_pages, config.page_size, prefix_cache, self.runner.page_table
+        )
+        self.scheduler = Scheduler(
+            self.kv, config.max_running_requests, config.max_prefill_length, config.chunk_policy
+        )
+        self.generators: dict[int, torch.Generator] = {}  # seeded requests' private random streams
+        self.eos_ids = set(self.model_config.eos_token_ids)
+        self.stats = EngineStats(num_pages=self.runner.num_pages)
+
+    @property
+    def kv_capacity(self) -> int:
+        return self.kv.capacity
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            model_dir=str(self.model_dir),
+            vocab_size=self.model_config.vocab_size,
+            max_context=self.model_config.max_context,
+            eos_token_ids=tuple(self.model_config.eos_token_ids),
+            num_pages=self.runner.num_pages,
+            page_size=self.runner.page_size,
+            device=str(self.device),
+            dtype=str(self.dtype).removeprefix("torch."),
+            attn=self.runner.backend.name,
+            cache=self.engine_config.cache,
+        )
+
+    def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request; a UserError says why it cannot be served (nothing is queued then)."""
+        params.validate()
+        cap = max_new_tokens(
+            prompt_ids,
+            params.max_tokens,
+            self.model_config.max_context,
+            self.model_config.vocab_size,
+            self.kv_capacity,
+        )
+        self.scheduler.add(Request(rid=rid, prompt_ids=list(prompt_ids), params=params, max_new_tokens=cap))
+        generator = make_generator(params, self.device)
+        if generator is not None:
+            self.generators[rid] = generator
+
+    def abort(self, rid: int) -> bool:
+        self.generators.pop(rid, None)
+        return self.scheduler.abort(rid)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestDelta]:
+        """Schedule, run and collect one step; one delta per request that sampled a token in it."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        return self.collect(self.launch(batch))
+
+    def launch(self, batch: ScheduledBatch) -> StepHandle:
+        """Run the step's forward pass and sampling on the device; do not wait for them."""
+        logits = self.runner.forward(batch.step_input())
+        sampled, completes_prefill = [], []
+        for req, q_len, is_sampled in zip(batch.requests, batch.query_lens, batch.sampled, strict=True):
+            req.num_computed += q_len  # a chunk of a cut prompt: its KV is in, no token yet
+            if is_sampled:
+                sampled.append(req)
+                # The prompt is in the pool now (a full cache hit computes just one token).
+                completes_prefill.append(q_len > 1 or req.num_generated == 0)
+                req.num_pending += 1
+                req.last_token_on_device = True  # record_tokens writes it into the request's row
+        self.stats.num_steps += 1
+        if not sampled:
+            return StepHandle(batch, [], [], None, None, None)
+        out = sample(logits, [r.params for r in sampled], [self.generators.get(r.rid) for r in sampled])
+        self.runner.record_tokens(out.tokens)  # the next decode step's inputs, on the device
+        tokens, done = out.tokens, None
+        if tokens.is_cuda:
+            tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True).copy_(
+                tokens, non_blocking=True
+            )
+            done = torch.cuda.Event()
+            done.record()
+        return StepHandle(batch, sampled, completes_prefill, tokens, done, out.logprobs)
+
+    def collect(self, handle: StepHandle) -> list[RequestDelta]:
+        """Wait for a launched step's tokens; append them, finish and cache requests; one delta per
+        sampled request."""
+        tokens = handle.wait()
+        logprobs = handle.logprobs.entries() if handle.logprobs is not None else [None] * len(tokens)
+        deltas: list[RequestDelta] = []
+        work = zip(handle.sampled, handle.completes_prefill, tokens, logprobs, strict=True)
+        for req, completes_prefill, token, entry in work:
+            req.num_pending -= 1
+            req.output_ids.append(token)
+            reason = finish_reason(token, req.params, self.eos_ids, len(req.output_ids), req.max_new_tokens)
+            if reason:
+                self.scheduler.finish(req)
+                self.generators.pop(req.rid, None)
+            elif completes_prefill:
+                # The prompt is in the pool now: requests that arrive while this one decodes reuse it.
+                self.scheduler.cache_request(req)
+            deltas.append(
+                RequestDelta(
+                    rid=req.rid,
+                    token_ids=[token],
+                    logprobs=None if entry is None else [entry],
+                    finish_reason=reason,
+                    cached_tokens=req.cached_tokens,
+                )
+            )
+        self.stats.generated_tokens += len(tokens)
+        return deltas
+
+    def fail_all(self, message: str) -> list[RequestDelta]:
+        """After an unexpected error in a step: drop every request, and say so to their clients."""
+        rids = list(self.scheduler.by_rid)
+        for rid in rids:
+            self.abort(rid)
+        return [RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=message) for rid in rids]
+
+    def snapshot(self, query_id: int = 0) -> EngineStats:
+        s = self.stats
+        s.query_id = query_id
+        s.num_running, s.num_waiting = self.scheduler.num_running, self.scheduler.num_waiting
+        s.free_pages, s.cached_pages = self.kv.num_free_pages, self.kv.prefix_cache.num_cached_pages
+        s.prompt_tokens = self.scheduler.num_prompt_tokens
+        s.cached_prompt_tokens = self.scheduler.num_cached_tokens
+        s.num_preemptions = self.scheduler.num_preemptions
+        return EngineStats(**vars(s))
+
+    def check_integrity(self) -> None:
+        """Free + cache-held + live requests' own pages == all pages, and the cache's locks are the
+        live requests'; AssertionError otherwise (tests call it after every step)."""
+        self.scheduler.check_integrity()
+
+
+def validate_early(config: EngineConfig) -> None:
+    """The checks that need no model: run them in the frontend before spawning anything."""
+    config.validate()
+    device = pick_device(config.device)
+    dtype = DTYPES.get(config.dtype)  # None for auto, which is never float32 on CUDA
+    resolve_names(config.attn, device.type, dtype)
+    create_prefix_cache(config.cache, config.page_size)

@@ -1,0 +1,53 @@
+"""The one start-up path of the server and the shell: logging, the checks that need no model, the
+model folder (the default model is converted once, here), its tokenizer, then the engine process.
+
+Cheap checks run first, so a bad flag or a busy port fails in a second, not after minutes of
+model loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.config import EngineConfig
+from ..core.errors import UserError
+from ..core.logs import setup_logging
+from ..engine import validate_early
+from ..engine.process import EngineProcess, launch_engine
+from ..models import resolve_model
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class Frontend:
+    model_dir: Path
+    tokenizer: Tokenizer
+    engine: EngineProcess
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+def start_frontend(
+    config: EngineConfig,
+    log_level: str,
+    checks: Sequence[Callable[[], None]] = (),
+    require_chat_template: bool = False,
+    on_loading: Callable[[Path], None] | None = None,
+) -> Frontend:
+    """Start everything a face of the engine needs; a UserError says what is wrong."""
+    setup_logging(log_level)
+    validate_early(config)  # a bad flag fails here, before any process or model is touched
+    for check in checks:
+        check()
+    model_dir = resolve_model(config.model)  # converts the default model once, in this process
+    tokenizer = Tokenizer(model_dir)
+    if require_chat_template and not tokenizer.has_chat_template:
+        raise UserError(
+            f"{model_dir.name} has no chat template, so it cannot chat; serve it and use /v1/completions"
+        )
+    if on_loading is not None:
+        on_loading(model_dir)
+    return Frontend(model_dir, tokenizer, launch_engine(config, model_dir, log_level))
