@@ -4,27 +4,27 @@
     python -m final --shell               # interactive chat in the terminal
     from final import LLM, SamplingParams # offline batch generation
 
-Packages, and the one direction imports flow (a test enforces it; no cycles):
+Packages, and the one direction imports flow (a test enforces it; no cycles): a package imports
+only from packages below it.
 
-    server, shell  ->  frontend  ->  scheduler  ->  engine  ->  attention  ->  kvcache  ->  core
-                                                         \\->  models  ------------------->  core
+    server, shell           the faces: OpenAI-compatible HTTP server, interactive chat
+    frontend/               tokenizer and chat template, detokenizer with stop strings, output
+                            assembly, engine clients, the one start-up path
+    engine/                 the step loop (EngineCore: schedule -> launch -> collect), the engine
+                            process and its messages, the model runner, the sampler
+    scheduler/              policy only: which tokens of which requests run next
+    attention/  models/     attention backends (torch, fi); the decoder, its layers and weights
+    kvcache/  distributed/  page pool, page table, prefix caches and the manager that owns a
+                            request's pages; tensor-parallel rank info
+    core/                   EngineConfig, SamplingParams, ForwardBatch, limits, errors
 
-    core/       EngineConfig, SamplingParams, RequestOutput, ModelConfig, limits, errors
-    models/     --model resolution (default model included), registry, weights, the decoder
-    kvcache/    page pool, allocator, device page table, prefix-cache interface (naive today)
-    attention/  backend registry: torch, fi (FlashInfer); fa and trtllm registered, not ported
-    engine/     model runner (a batch in, logits out) and sampler
-    scheduler/  requests, continuous batching with preemption, EngineCore, the engine process
-    frontend/   tokenizer, detokenizer with stop strings, output assembly, engine clients
-    server/     FastAPI app: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics
-    shell/      the interactive chat
-    llm.py      the offline LLM class; args.py the command line; __main__.py the entry point
+    llm.py the offline LLM class; args.py the command line; __main__.py the entry point
 
 Ported from the stages so far: 01 (generate loop), 02 (paged KV, continuous batching, torch
 and FlashInfer backends), 03 (the radix prefix cache, the default `--cache`) and 04 (chunked
-prefill, `--max-prefill-length` and `--chunk-policy`). CUDA graphs, overlap scheduling and tensor
-parallelism slot into engine/ and a distributed/ package as their stages land; their flags exist
-already.
+prefill, `--max-prefill-length` and `--chunk-policy`). CUDA graphs (engine/graph.py), overlap
+scheduling (engine/overlap.py) and tensor parallelism (distributed/, sharded layers in models/)
+land as their stages do; their flags exist already.
 """
 
 from .core.outputs import RequestOutput

@@ -1,110 +1,211 @@
-"""Sampling: the masks against hand-computed cases, seeds, greedy, and parameter validation."""
+"""Sampling: the masks against hand-computed cases, seeds, greedy, and parameter validation, over
+both samplers: the stages' (stages/common/sampling.py) and final's (final/engine/sampler.py),
+which keeps its parameters in per-row device tensors."""
+
+from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from stages.common.errors import UserError
-from stages.common.sampling import SamplingParams, min_p_mask, sample, top_k_mask, top_p_mask
+import final.core.errors
+import final.core.sampling_params
+import final.engine.sampler
+import stages.common.errors
+import stages.common.sampling
 
 NEG = float("-inf")
+
+
+def _stages_impl() -> SimpleNamespace:
+    mod = stages.common.sampling
+    return SimpleNamespace(
+        name="stages",
+        Params=mod.SamplingParams,
+        UserError=stages.common.errors.UserError,
+        sample=mod.sample,
+        top_k_mask=mod.top_k_mask,
+        top_p_mask=mod.top_p_mask,
+        min_p_mask=mod.min_p_mask,
+        generator=lambda p: p.make_generator("cpu"),
+        logprobs=lambda out: out.logprobs,
+    )
+
+
+def _final_impl() -> SimpleNamespace:
+    mod = final.engine.sampler
+    return SimpleNamespace(
+        name="final",
+        Params=final.core.sampling_params.SamplingParams,
+        UserError=final.core.errors.UserError,
+        sample=mod.sample,
+        top_k_mask=mod.top_k_mask,
+        top_p_mask=mod.top_p_mask,
+        min_p_mask=mod.min_p_mask,
+        generator=lambda p: mod.make_generator(p, torch.device("cpu")),
+        logprobs=lambda out: out.logprobs.entries() if out.logprobs is not None else [None] * len(out.tokens),
+    )
+
+
+@pytest.fixture(params=["stages", "final"])
+def impl(request) -> SimpleNamespace:
+    return _stages_impl() if request.param == "stages" else _final_impl()
 
 
 def kept(masked: torch.Tensor) -> list[list[int]]:
     return [torch.nonzero(row != NEG).flatten().tolist() for row in masked]
 
 
-def test_top_k_keeps_the_k_largest_per_row():
+def test_top_k_keeps_the_k_largest_per_row(impl):
     logits = torch.tensor([[1.0, 5.0, 3.0, 4.0], [9.0, 1.0, 2.0, 0.0]])
-    assert kept(top_k_mask(logits, torch.tensor([2, 1]))) == [[1, 3], [0]]
+    assert kept(impl.top_k_mask(logits, torch.tensor([2, 1]))) == [[1, 3], [0]]
     # k <= 0 means no limit
-    assert kept(top_k_mask(logits, torch.tensor([-1, 0]))) == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert kept(impl.top_k_mask(logits, torch.tensor([-1, 0]))) == [[0, 1, 2, 3], [0, 1, 2, 3]]
 
 
-def test_top_p_keeps_smallest_set_reaching_p():
+def test_final_top_k_with_a_partial_sort_equals_the_full_sort():
+    """final's top-k ranks only the batch's largest k when it is known: the same mask."""
+    torch.manual_seed(1)
+    logits = torch.randn(6, 300)
+    k = torch.tensor([1, 5, 17, 5, 2, 40])
+    full = final.engine.sampler.top_k_mask(logits, k)
+    assert torch.equal(final.engine.sampler.top_k_mask(logits, k, max_k=40), full)
+    assert kept(full)[2] == sorted(logits[2].topk(17).indices.tolist())
+
+
+def test_top_p_keeps_smallest_set_reaching_p(impl):
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     logits = probs.log()
-    assert kept(top_p_mask(logits, torch.tensor([0.5]))) == [[0]]  # 0.5 already reaches 0.5
-    assert kept(top_p_mask(logits, torch.tensor([0.6]))) == [[0, 1]]
-    assert kept(top_p_mask(logits, torch.tensor([0.81]))) == [[0, 1, 2]]
-    assert kept(top_p_mask(logits, torch.tensor([1.0]))) == [[0, 1, 2, 3]]
+    assert kept(impl.top_p_mask(logits, torch.tensor([0.5]))) == [[0]]  # 0.5 already reaches 0.5
+    assert kept(impl.top_p_mask(logits, torch.tensor([0.6]))) == [[0, 1]]
+    assert kept(impl.top_p_mask(logits, torch.tensor([0.81]))) == [[0, 1, 2]]
+    assert kept(impl.top_p_mask(logits, torch.tensor([1.0]))) == [[0, 1, 2, 3]]
     # order in the vocabulary does not matter
     shuffled = torch.tensor([[0.15, 0.05, 0.5, 0.3]]).log()
-    assert kept(top_p_mask(shuffled, torch.tensor([0.6]))) == [[2, 3]]
+    assert kept(impl.top_p_mask(shuffled, torch.tensor([0.6]))) == [[2, 3]]
 
 
-def test_min_p_drops_tokens_below_fraction_of_the_max():
+def test_min_p_drops_tokens_below_fraction_of_the_max(impl):
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
     # threshold 0.4 * 0.5 = 0.2: keeps 0.5 and 0.3
-    assert kept(min_p_mask(logits, torch.tensor([0.4]))) == [[0, 1]]
-    assert kept(min_p_mask(logits, torch.tensor([0.0]))) == [[0, 1, 2, 3]]
+    assert kept(impl.min_p_mask(logits, torch.tensor([0.4]))) == [[0, 1]]
+    assert kept(impl.min_p_mask(logits, torch.tensor([0.0]))) == [[0, 1, 2, 3]]
 
 
-def test_temperature_zero_is_argmax():
+def test_temperature_zero_is_argmax(impl):
     logits = torch.randn(6, 50)
-    out = sample(logits, [SamplingParams(temperature=0)] * 6)
+    out = impl.sample(logits, [impl.Params(temperature=0)] * 6)
     assert out.tokens.tolist() == logits.argmax(-1).tolist()
 
 
-def test_greedy_rows_stay_greedy_in_a_mixed_batch():
+def test_greedy_rows_stay_greedy_in_a_mixed_batch(impl):
     logits = torch.randn(4, 50)
-    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.5), SamplingParams(top_k=1),
-              SamplingParams(temperature=0)]  # fmt: skip
-    out = sample(logits, params)
+    params = [
+        impl.Params(temperature=0),
+        impl.Params(temperature=1.5),
+        impl.Params(top_k=1),
+        impl.Params(temperature=0),
+    ]
+    out = impl.sample(logits, params)
     for row in (0, 2, 3):
         assert out.tokens[row] == logits[row].argmax()
 
 
-def test_fixed_seed_reproduces_and_is_independent_of_the_batch():
+def test_fixed_seed_reproduces_and_is_independent_of_the_batch(impl):
     logits = torch.randn(3, 1000)
-    p = SamplingParams(temperature=1.0, seed=1234)
+    p = impl.Params(temperature=1.0, seed=1234)
 
     def draw(batch_rows):
-        gens = [p.make_generator("cpu") for _ in batch_rows]
+        gens = [impl.generator(p) for _ in batch_rows]
         outs = []
         for _ in range(5):
-            outs.append(sample(logits[batch_rows], [p] * len(batch_rows), gens).tokens.tolist())
+            outs.append(impl.sample(logits[batch_rows], [p] * len(batch_rows), gens).tokens.tolist())
         return outs
 
     first, second = draw([0]), draw([0])
     assert first == second
     # the same seeded request alongside others draws the same tokens
     assert [row[0] for row in draw([0, 1, 2])] == [row[0] for row in first]
-    unseeded = [sample(logits[[0]], [SamplingParams(temperature=1.0)]).tokens.item() for _ in range(20)]
+    unseeded = [impl.sample(logits[[0]], [impl.Params(temperature=1.0)]).tokens.item() for _ in range(20)]
     assert len(set(unseeded)) > 1  # the sampler really samples
 
 
-def test_sampling_follows_the_distribution():
+def test_sampling_follows_the_distribution(impl):
     probs = torch.tensor([0.6, 0.3, 0.1])
     logits = probs.log().expand(20000, 3)
     torch.manual_seed(0)
-    tokens = sample(logits, [SamplingParams(temperature=1.0)] * 20000).tokens
+    tokens = impl.sample(logits, [impl.Params(temperature=1.0)] * 20000).tokens
     freq = torch.bincount(tokens, minlength=3).float() / 20000
     assert torch.allclose(freq, probs, atol=0.02)
 
 
-def test_top_k_restricts_what_is_sampled():
+def test_top_k_restricts_what_is_sampled(impl):
     logits = torch.tensor([[3.0, 2.9, 2.8, -1.0, 0.0]]).expand(500, 5)
-    tokens = sample(logits, [SamplingParams(temperature=2.0, top_k=2)] * 500).tokens
+    tokens = impl.sample(logits, [impl.Params(temperature=2.0, top_k=2)] * 500).tokens
     assert set(tokens.tolist()) == {0, 1}
 
 
-def test_logprobs_are_log_softmax_of_the_raw_logits():
+def test_top_p_and_min_p_restrict_what_is_sampled(impl):
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().expand(500, 4)
+    tokens = impl.sample(logits, [impl.Params(temperature=1.0, top_p=0.6)] * 500).tokens
+    assert set(tokens.tolist()) == {0, 1}
+    tokens = impl.sample(logits, [impl.Params(temperature=1.0, min_p=0.5)] * 500).tokens
+    assert set(tokens.tolist()) == {0, 1}
+
+
+def test_final_reads_parameters_from_the_rows_it_is_given():
+    """final's sampler gathers each request's parameters by its page-table row: rows out of order,
+    and a row left over from an earlier request, must not leak into the draw."""
+    sampler = final.engine.sampler.Sampler(4, torch.device("cpu"))
+    Params = final.core.sampling_params.SamplingParams
+    sampler.admit(3, Params(temperature=0))  # greedy
+    sampler.admit(1, Params(temperature=1.0, top_k=1))  # greedy through top-k
+    sampler.admit(0, Params(temperature=5.0))  # an earlier request's row, not used below
+    logits = torch.randn(2, 100)
+    params = [Params(temperature=0), Params(temperature=1.0, top_k=1)]
+    out = sampler.sample(logits, torch.tensor([3, 1]), params, [None, None])
+    assert out.tokens.tolist() == logits.argmax(-1).tolist()
+    sampler.admit(2, Params(temperature=2.0, top_k=2))
+    many = torch.tensor([[3.0, 2.9, -9.0, -9.0, 2.8]]).expand(300, 5)
+    tokens = sampler.sample(
+        many, torch.full((300,), 2), [Params(temperature=2.0, top_k=2)] * 300, [None] * 300
+    )
+    assert set(tokens.tokens.tolist()) == {0, 1}
+
+
+def test_final_tiny_temperature_is_greedy_not_garbage():
+    logits = torch.randn(3, 50)
+    Params = final.core.sampling_params.SamplingParams
+    out = final.engine.sampler.sample(
+        logits, [Params(temperature=1e-300), Params(temperature=1e-30), Params()]
+    )
+    assert out.tokens[:2].tolist() == logits[:2].argmax(-1).tolist()
+
+
+def test_logprobs_are_log_softmax_of_the_raw_logits(impl):
     logits = torch.randn(2, 30)
-    out = sample(logits, [SamplingParams(temperature=0, logprobs=3), SamplingParams(temperature=0)])
+    out = impl.sample(logits, [impl.Params(temperature=0, logprobs=3), impl.Params(temperature=0)])
     ref = logits.log_softmax(-1)
-    entry = out.logprobs[0]
+    entry = impl.logprobs(out)[0]
     assert math.isclose(entry["token_logprob"], ref[0].max().item(), rel_tol=1e-5)
     assert entry["top_ids"] == ref[0].topk(3).indices.tolist()
-    assert out.logprobs[1] is None
+    assert impl.logprobs(out)[1] is None
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5}, {"min_p": -0.2}, {"max_tokens": 0}, {"top_k": -5},
-     {"logprobs": -1}],
-)  # fmt: skip
-def test_invalid_values_are_user_errors(kwargs):
-    with pytest.raises(UserError):
-        SamplingParams(**kwargs)
+    [
+        {"temperature": -0.1},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"min_p": -0.2},
+        {"max_tokens": 0},
+        {"top_k": -5},
+        {"logprobs": -1},
+    ],
+)
+def test_invalid_values_are_user_errors(impl, kwargs):
+    with pytest.raises(impl.UserError):
+        impl.Params(**kwargs)

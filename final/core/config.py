@@ -6,7 +6,7 @@ the same object, so a flag means the same thing everywhere.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import NotAvailableYet, UserError
@@ -82,6 +82,3 @@ class EngineConfig:
                 f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
         return cls(**kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

@@ -31,7 +31,7 @@ from ..models import resolve_model
 from ..scheduler import Request, ScheduledBatch, Scheduler
 from .messages import EngineInfo, EngineStats, RequestDelta
 from .runner import ModelRunner
-from .sampler import TopLogprobs, make_generator, sample
+from .sampler import Sampler, TopLogprobs, make_generator
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,8 @@ class EngineCore:
         self.scheduler = Scheduler(
             self.kv, config.max_running_requests, config.max_prefill_length, config.chunk_policy
         )
+        self.sampler = Sampler(config.max_running_requests + 1, self.device)
+        self.row_params: dict[int, Request] = {}  # row -> the request whose sampling params it holds
         self.generators: dict[int, torch.Generator] = {}  # seeded requests' private random streams
         self.eos_ids = set(self.model_config.eos_token_ids)
         self.stats = EngineStats(num_pages=self.runner.num_pages)
@@ -95,6 +97,7 @@ class EngineCore:
     def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
         """Queue a request; a UserError says why it cannot be served (nothing is queued then)."""
         params.validate()
+        Sampler.check(params)
         cap = max_new_tokens(
             prompt_ids,
             params.max_tokens,
@@ -108,8 +111,11 @@ class EngineCore:
             self.generators[rid] = generator
 
     def abort(self, rid: int) -> bool:
-        self.generators.pop(rid, None)
+        self._forget(rid)
         return self.scheduler.abort(rid)
+
+    def _forget(self, rid: int) -> None:
+        self.generators.pop(rid, None)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -124,6 +130,10 @@ class EngineCore:
     def launch(self, batch: ScheduledBatch) -> StepHandle:
         """Run the step's forward pass and sampling on the device; do not wait for them."""
         logits = self.runner.forward(batch.step_input())
+        for req in batch.requests:  # newly admitted (or readmitted after a preemption: a new row)
+            if self.row_params.get(req.kv.row) is not req:
+                self.sampler.admit(req.kv.row, req.params)
+                self.row_params[req.kv.row] = req
         sampled, completes_prefill = [], []
         for req, q_len, is_sampled in zip(batch.requests, batch.query_lens, batch.sampled, strict=True):
             req.num_computed += q_len  # a chunk of a cut prompt: its KV is in, no token yet
@@ -136,7 +146,9 @@ class EngineCore:
         self.stats.num_steps += 1
         if not sampled:
             return StepHandle(batch, [], [], None, None, None)
-        out = sample(logits, [r.params for r in sampled], [self.generators.get(r.rid) for r in sampled])
+        rows = self.runner.buffers.sampled_rows[: len(sampled)]
+        generators = [self.generators.get(r.rid) for r in sampled]
+        out = self.sampler.sample(logits, rows, [r.params for r in sampled], generators)
         self.runner.record_tokens(out.tokens)  # the next decode step's inputs, on the device
         tokens, done = out.tokens, None
         if tokens.is_cuda:
@@ -160,7 +172,7 @@ class EngineCore:
             reason = finish_reason(token, req.params, self.eos_ids, len(req.output_ids), req.max_new_tokens)
             if reason:
                 self.scheduler.finish(req)
-                self.generators.pop(req.rid, None)
+                self._forget(req.rid)
             elif completes_prefill:
                 # The prompt is in the pool now: requests that arrive while this one decodes reuse it.
                 self.scheduler.cache_request(req)

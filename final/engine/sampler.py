@@ -4,6 +4,11 @@ Order of operations (the same as vLLM and SGLang): divide by the temperature, ke
 logits, keep the smallest set of tokens whose probability reaches top-p, drop tokens whose
 probability is below min-p times the largest, then draw. Temperature 0 is greedy. An all-greedy
 batch (the common serving case) is one argmax, with no sort and no softmax.
+
+Every running request's parameters live in device tensors indexed by its page-table row, written
+once when the request gets its row (`Sampler.admit`); a step gathers them by the sampled rows. So
+a step builds no tensor from Python lists (which would wait for the GPU to catch up), and the one
+device-to-host copy of a step is its sampled tokens.
 """
 
 from __future__ import annotations
@@ -13,13 +18,22 @@ from typing import Any
 
 import torch
 
+from ..core.errors import UserError
 from ..core.sampling_params import SamplingParams
+
+# Below this temperature a draw is an argmax in all but name, and dividing by it overflows the
+# logits: such requests are sampled greedily.
+MIN_TEMPERATURE = 1e-5
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.greedy or params.temperature < MIN_TEMPERATURE
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
     """A private random stream for a seeded request, so its output does not depend on what else
     is in the batch; unseeded requests share the global stream."""
-    if params.seed is None or params.greedy:
+    if params.seed is None or is_greedy(params):
         return None
     gen = torch.Generator(device=device)
     gen.manual_seed(params.seed)
@@ -59,11 +73,17 @@ class SampleOutput:
     logprobs: TopLogprobs | None  # None when no request of the batch asked for logprobs
 
 
-def top_k_mask(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """Set all but the k largest logits of each row to -inf (k <= 0 keeps everything)."""
+def top_k_mask(logits: torch.Tensor, top_k: torch.Tensor, max_k: int | None = None) -> torch.Tensor:
+    """Set all but the k largest logits of each row to -inf (k <= 0 keeps everything). `max_k`, the
+    largest k of the batch when known on the host, lets a partial top-k replace a full sort."""
     vocab = logits.shape[-1]
     k = torch.where(top_k <= 0, vocab, top_k).clamp(max=vocab).to(torch.long)
-    kth = logits.sort(dim=-1, descending=True).values.gather(-1, (k - 1).unsqueeze(-1))
+    if max_k is not None and 0 < max_k < vocab:
+        ranked = logits.topk(max_k, dim=-1).values
+        k = k.clamp(max=max_k)
+    else:
+        ranked = logits.sort(dim=-1, descending=True).values
+    kth = ranked.gather(-1, (k - 1).unsqueeze(-1))
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
@@ -84,39 +104,83 @@ def min_p_mask(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> SampleOutput:
-    """Pick the next token of every row of `logits` [batch, vocab] under that row's parameters."""
-    logits = logits.float()
-    greedy_tokens = logits.argmax(dim=-1)
-    if all(p.greedy for p in params):
-        tokens = greedy_tokens
-    else:
-        tokens = _draw(logits, params, generators)
-        is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        tokens = torch.where(is_greedy, greedy_tokens, tokens)
-    return SampleOutput(tokens=tokens, logprobs=_logprobs(logits, tokens, params))
+class Sampler:
+    """Per-row sampling parameters on the device, and the batched draw."""
+
+    def __init__(self, num_rows: int, device: torch.device):
+        self.device = device
+        self.temperature = torch.ones(num_rows, device=device)
+        self.top_k = torch.zeros(num_rows, dtype=torch.int32, device=device)  # 0: no top-k
+        self.top_p = torch.ones(num_rows, device=device)
+        self.min_p = torch.zeros(num_rows, device=device)
+        self.greedy = torch.zeros(num_rows, dtype=torch.bool, device=device)
+
+    @staticmethod
+    def check(params: SamplingParams) -> None:
+        """Raise UserError unless `admit` can store these values (called when the request arrives,
+        so a value the device tensors cannot hold fails that request alone, never a step)."""
+        try:
+            torch.tensor([params.temperature, params.top_p, params.min_p], dtype=torch.float32)
+            torch.tensor([params.top_k], dtype=torch.int32)
+        except (OverflowError, RuntimeError, TypeError) as err:
+            raise UserError(f"a sampling parameter is out of range: {err}") from None
+
+    def admit(self, row: int, params: SamplingParams) -> None:
+        """Write a request's parameters into the row it was given (a few scalar fills, no copy)."""
+        greedy = is_greedy(params)
+        self.greedy[row] = greedy
+        self.temperature[row] = 1.0 if greedy else float(params.temperature)
+        self.top_k[row] = max(int(params.top_k), 0)
+        self.top_p[row] = float(params.top_p)
+        self.min_p[row] = float(params.min_p)
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> SampleOutput:
+        """The next token of every row of `logits` [S, vocab]; request i sits in page-table row
+        rows[i] and has `params[i]` (read on the host only to choose which filters run)."""
+        logits = logits.float()
+        greedy_tokens = logits.argmax(dim=-1)
+        if all(is_greedy(p) for p in params):
+            tokens = greedy_tokens
+        else:
+            scaled = logits / self.temperature[rows].unsqueeze(-1)
+            ks = [p.top_k for p in params]
+            if any(k > 1 for k in ks):
+                max_k = None if any(k <= 0 for k in ks) else max(ks)  # a row without top-k needs all
+                scaled = top_k_mask(scaled, self.top_k[rows], max_k)
+            if any(p.top_p < 1 for p in params):
+                scaled = top_p_mask(scaled, self.top_p[rows])
+            if any(p.min_p > 0 for p in params):
+                scaled = min_p_mask(scaled, self.min_p[rows])
+            tokens = torch.where(self.greedy[rows], greedy_tokens, draw(scaled.softmax(dim=-1), generators))
+        return SampleOutput(tokens=tokens, logprobs=_logprobs(logits, tokens, params))
 
 
-def _draw(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]):
-    device = logits.device
-    temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
-    scaled = logits / temperature.unsqueeze(-1)
-    if any(p.top_k > 1 for p in params):
-        scaled = top_k_mask(scaled, torch.tensor([p.top_k for p in params], device=device))
-    if any(p.top_p < 1 for p in params):
-        scaled = top_p_mask(scaled, torch.tensor([p.top_p for p in params], device=device))
-    if any(p.min_p > 0 for p in params):
-        scaled = min_p_mask(scaled, torch.tensor([p.min_p for p in params], device=device))
-    probs = scaled.softmax(dim=-1)
+def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of `probs`, from that row's distribution."""
     # Exponential race (the Gumbel-max trick in another form): argmax(p_i / E_i) with E_i ~ Exp(1)
     # draws token i with probability p_i, needs no normalisation and no per-row multinomial call.
     noise = torch.empty_like(probs).exponential_()
     for row, gen in enumerate(generators):
-        if gen is not None:
+        if gen is not None:  # a seeded request draws from its own stream, whatever its batch
             noise[row].exponential_(generator=gen)
     return (probs / noise).argmax(dim=-1)
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None] | None = None
+) -> SampleOutput:
+    """The sampler without a device table: rows 0..S-1 of a throwaway one (tests, one-off use)."""
+    sampler = Sampler(len(params), logits.device)
+    for row, p in enumerate(params):
+        sampler.admit(row, p)
+    rows = torch.arange(len(params), device=logits.device)
+    return sampler.sample(logits, rows, params, generators or [None] * len(params))
 
 
 def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]) -> TopLogprobs | None:
