@@ -120,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--cuda-graph-max-bs",
         type=_positive_or_zero,
         default=None,
-        help="largest decode batch captured in a CUDA graph; 0: off. Accepted now, graphs are "
-        "not ported yet (ignored, with one log line)",
+        help="largest decode batch captured in a CUDA graph (sizes 1, 2, 4, 8, then every 8); 0: off, "
+        "decode steps run eagerly; default: min(--max-running-requests, 256) on a GPU. Ignored on the "
+        "CPU (one log line)",
     )
     engine.add_argument(
         "--tp", type=int, default=defaults.tp, help="tensor-parallel GPUs; only 1 until TP is ported"

@@ -6,10 +6,10 @@ each layer calls `forward` with the new tokens' q, k, v. Writing k and v into th
 backend's job too, because some kernels do it themselves.
 
 CUDA-graph decode (engine/graph.py) captures `forward` once per batch size and replays it: the
-metadata a captured kernel reads must then live in buffers whose addresses never change.
-`prepare_for_capture(batch)` sets those up for a padded batch of a captured size, and
-`prepare_for_replay(batch)` refills them before each replay. A backend whose `prepare` already
-writes only into fixed buffers can keep the defaults, which call `prepare`.
+metadata a captured kernel reads must then live in buffers whose addresses never change, and
+every shape must be fixed. `prepare_for_capture(batch)` sets those up for a padded batch of a
+captured size, and `prepare_for_replay(batch)` refills them before each replay. A backend that
+cannot say `graph_unsupported_reason(max_batch) is None` runs its decode steps eagerly.
 """
 
 from __future__ import annotations
@@ -44,13 +44,17 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] of this step's tokens -> [T, heads * head_dim]."""
 
+    def graph_unsupported_reason(self, max_batch: int) -> str | None:
+        """Why decode steps of up to `max_batch` rows cannot be captured (None: they can)."""
+        return f"the {self.name} backend has no capturable decode step"
+
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
         """Before capturing a decode step of `batch.size` rows (a captured size, padding included)."""
-        self.prepare(batch)
+        raise NotImplementedError(self.graph_unsupported_reason(batch.size))
 
     def prepare_for_replay(self, batch: ForwardBatch) -> None:
         """Before replaying the decode graph of `batch.size` rows."""
-        self.prepare(batch)
+        raise NotImplementedError(self.graph_unsupported_reason(batch.size))
 
 
 class HybridBackend(AttentionBackend):
@@ -67,8 +71,11 @@ class HybridBackend(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:
         self._pick(batch).prepare(batch)
 
+    def graph_unsupported_reason(self, max_batch: int) -> str | None:
+        return self.decode.graph_unsupported_reason(max_batch)  # only decode steps are captured
+
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
-        self.decode.prepare_for_capture(batch)  # only decode steps are captured
+        self.decode.prepare_for_capture(batch)
 
     def prepare_for_replay(self, batch: ForwardBatch) -> None:
         self.decode.prepare_for_replay(batch)

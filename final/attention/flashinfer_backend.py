@@ -3,6 +3,11 @@
 The kernels read K and V straight from the pages, so nothing is gathered. Planning (splitting
 the work over thread blocks for this batch's lengths) happens once per step in `prepare` from
 host-side lengths (O(batch) host work); every layer then reuses the plan.
+
+Under CUDA graphs each captured batch size gets its own decode wrapper in FlashInfer's graph
+mode: its page list, page pointers and last-page lengths live in fixed buffers (shared by every
+size, since one graph replays at a time), and `prepare_for_replay` re-plans into them before
+each replay.
 """
 
 from __future__ import annotations
@@ -32,18 +37,22 @@ class FlashInferBackend(AttentionBackend):
             raise UserError(
                 "--attn fi needs FlashInfer: pip install flashinfer-python (CUDA GPUs only)"
             ) from err
+        self.flashinfer = flashinfer
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         # Tensor cores pay off once several query heads share a KV head (4 or more). Groups that
         # are not a power of two (SmolLM2: 3) take them too: the path the GPU tests ran for that
         # layout (on an H200 the CUDA-core kernel measured as close to torch there).
         group = self.num_heads // pool.kv_heads
-        use_tc = group >= 4 or group & (group - 1) != 0
+        self.use_tensor_cores = group >= 4 or group & (group - 1) != 0
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=use_tc
+            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores
         )
+        self.current = self.decode_wrapper  # the decode wrapper the next forward uses
+        self.graph_wrappers: dict[int, object] = {}
+        self.graph_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def prepare(self, batch: ForwardBatch) -> None:
+    def _plan(self, wrapper, batch: ForwardBatch) -> None:
         page_size = self.pool.page_size
         num_pages_list = [-(-n // page_size) for n in batch.seq_lens]
         kv_indptr_list = [0, *accumulate(num_pages_list)]
@@ -61,7 +70,7 @@ class FlashInferBackend(AttentionBackend):
         heads, kv_heads = self.num_heads, self.pool.kv_heads
         if batch.is_prefill:
             qo_indptr = torch.tensor([0, *accumulate(batch.query_lens)], dtype=torch.int32)
-            self.prefill_wrapper.plan(
+            wrapper.plan(
                 qo_indptr,
                 kv_indptr,
                 kv_indices,
@@ -75,7 +84,7 @@ class FlashInferBackend(AttentionBackend):
                 kv_data_type=dtype,
             )
         else:
-            self.decode_wrapper.plan(
+            wrapper.plan(
                 kv_indptr,
                 kv_indices,
                 last_page_len,
@@ -88,8 +97,51 @@ class FlashInferBackend(AttentionBackend):
                 kv_data_type=dtype,
             )
 
+    def prepare(self, batch: ForwardBatch) -> None:
+        if batch.is_prefill:
+            self._plan(self.prefill_wrapper, batch)
+        else:
+            self.current = self.decode_wrapper
+            self._plan(self.decode_wrapper, batch)
+
+    def _graph_wrapper(self, size: int):
+        """The graph-mode decode wrapper of one captured batch size (made at its first capture)."""
+        if size not in self.graph_wrappers:
+            if self.graph_buffers is None:
+                # Sized for the largest batch the page table can hold, every page of every row.
+                rows, width = self.page_table.table.shape
+                device = self.workspace.device
+                self.graph_buffers = (
+                    torch.zeros(rows + 1, dtype=torch.int32, device=device),
+                    torch.zeros(rows * width, dtype=torch.int32, device=device),
+                    torch.zeros(rows, dtype=torch.int32, device=device),
+                )
+            indptr, indices, last_page_len = self.graph_buffers
+            wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self.use_tensor_cores,
+                paged_kv_indptr_buffer=indptr[: size + 1],
+                paged_kv_indices_buffer=indices,
+                paged_kv_last_page_len_buffer=last_page_len[:size],
+            )
+            self.graph_wrappers[size] = wrapper
+        return self.graph_wrappers[size]
+
+    def graph_unsupported_reason(self, max_batch: int) -> str | None:
+        return None
+
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+        self.current = self._graph_wrapper(batch.size)
+        self._plan(self.current, batch)
+
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+        self.current = self.graph_wrappers[batch.size]
+        self._plan(self.current, batch)
+
     def forward(self, layer, q, k, v, batch):
         self.pool.store(layer, batch.out_slots, k, v)
-        wrapper = self.prefill_wrapper if batch.is_prefill else self.decode_wrapper
+        wrapper = self.prefill_wrapper if batch.is_prefill else self.current
         out = wrapper.run(q, (self.pool.k[layer], self.pool.v[layer]))
         return out.reshape(q.shape[0], -1)

@@ -3,6 +3,11 @@
 Correct on any device and easy to read; slow, because it copies every cached token of every
 request on every step and runs one attention call per request. The fast backends are checked
 against it.
+
+For CUDA graphs it has a second decode path with fixed shapes: every row attends over the whole
+width of its page-table row, and a mask built on the device from the lengths hides what lies
+beyond each request's tokens. That gathers far more than it uses, so it is offered only while
+the gather fits in GRAPH_GATHER_BYTES (tiny test models, short contexts).
 """
 
 from __future__ import annotations
@@ -13,11 +18,15 @@ import torch.nn.functional as F
 from ..core.forward_batch import ForwardBatch
 from .base import AttentionBackend
 
+GRAPH_GATHER_BYTES = 1 << 30  # K and V of every row's full page-table width, at the largest batch
+
 
 class TorchBackend(AttentionBackend):
     name = "torch"
+    graph_mode = False
 
     def prepare(self, batch: ForwardBatch) -> None:
+        self.graph_mode = False
         device, page_size = batch.rows.device, self.pool.page_size
         self.kv_slots: list[torch.Tensor] = []  # per request: slots of all its cached tokens
         self.masks: list[torch.Tensor | None] = []
@@ -34,6 +43,8 @@ class TorchBackend(AttentionBackend):
 
     def forward(self, layer, q, k, v, batch):
         self.pool.store(layer, batch.out_slots, k, v)
+        if self.graph_mode:
+            return self._padded_decode(layer, q, batch)
         k_pool = self.pool.k[layer].view(-1, *k.shape[1:])  # [slots, kv_heads, head_dim]
         v_pool = self.pool.v[layer].view(-1, *v.shape[1:])
         out = torch.empty_like(q)
@@ -48,3 +59,42 @@ class TorchBackend(AttentionBackend):
                 enable_gqa=True,
             ).transpose(0, 1)
         return out.reshape(q.shape[0], -1)
+
+    # ------------------------------------------------------------------ capturable decode
+
+    def graph_unsupported_reason(self, max_batch: int) -> str | None:
+        width = self.page_table.table.shape[1] * self.pool.page_size
+        per_row = 2 * width * self.pool.kv_heads * self.config.head_dim * self.pool.k.dtype.itemsize
+        if max_batch * per_row > GRAPH_GATHER_BYTES:
+            return (
+                f"the torch backend's capturable decode would gather {max_batch * per_row >> 20} MiB per "
+                f"layer (every row's whole context of {width} tokens); use --attn fi, or a smaller "
+                "--cuda-graph-max-bs or --max-seq-len-override"
+            )
+        return None
+
+    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+        self.graph_mode = True  # nothing to plan: the padded path reads only device tensors
+
+    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+        self.graph_mode = True
+
+    def _padded_decode(self, layer: int, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """One query per row over the row's whole page-table width, masked beyond its length."""
+        rows, page_size = batch.rows.shape[0], self.pool.page_size
+        pages = self.page_table.table[batch.rows].long()  # [B, width]
+        offsets = torch.arange(page_size, device=q.device)
+        slots = (pages.unsqueeze(-1) * page_size + offsets).reshape(rows, -1)  # [B, L]
+        kv_heads, head_dim = self.pool.kv_heads, self.config.head_dim
+        keys = self.pool.k[layer].view(-1, kv_heads, head_dim)[slots].transpose(1, 2)  # [B, kv, L, D]
+        values = self.pool.v[layer].view(-1, kv_heads, head_dim)[slots].transpose(1, 2)
+        visible = torch.arange(slots.shape[1], device=q.device) < batch.seq_lens_t.unsqueeze(1)  # [B, L]
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2),
+            keys,
+            values,
+            attn_mask=visible[:, None, None, :],
+            scale=self.scale,
+            enable_gqa=True,
+        )
+        return out.reshape(rows, -1)

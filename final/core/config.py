@@ -28,7 +28,7 @@ class EngineConfig:
     chunk_policy: str = "mixed"  # mixed: decodes ride along with prefill chunks; prefill-first: they wait
     max_seq_len_override: int | None = None  # cap the context below the model's own
     cache: str = "radix"  # prefix cache: radix or naive; see final/kvcache/registry.py
-    cuda_graph_max_bs: int | None = None  # None: auto; 0: off (graphs are not ported yet)
+    cuda_graph_max_bs: int | None = None  # largest captured decode batch; None: auto; 0: off
     tp: int = 1  # tensor-parallel degree (only 1 until tensor parallelism is ported)
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ buffer, so its address never changes: what CUDA-graph replay (engine/graph.py) n
 
 from __future__ import annotations
 
+import gc
 import logging
 from itertools import accumulate
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..core.model_config import ModelConfig
 from ..distributed import TPInfo
 from ..kvcache import KVPool, PageTable
 from ..models import load_model
+from .graph import AUTO_MAX_BATCH, GraphRunner
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +58,43 @@ class ModelRunner:
         tp: TPInfo | None = None,
     ):
         self.config, self.device, self.dtype = config, device, dtype
+        self.engine_config = engine_config
         self.tp = tp or TPInfo()
         self.page_size = engine_config.page_size
         self.model = load_model(folder, config, device, dtype, self.tp)
-        kv_heads = self.tp.local_kv_heads(config.num_kv_heads)
-        num_pages = engine_config.num_pages or self._pages_that_fit(engine_config.memory_ratio, kv_heads)
+        self.kv_heads = self.tp.local_kv_heads(config.num_kv_heads)
+        self.graphs: GraphRunner | None = None
+        graph_batch = self._graph_batch(engine_config.cuda_graph_max_bs)
+        reserve = self._measure_graphs(graph_batch) if graph_batch else 0
+        if not reserve:
+            graph_batch = None  # the backend said no (logged)
+        num_pages = engine_config.num_pages or self._pages_that_fit(engine_config.memory_ratio, reserve)
         if num_pages < 1:
             raise UserError("no memory left for the KV cache: use a smaller model or raise --memory-ratio")
+        self._build(num_pages)
+        if graph_batch:
+            self.graphs = GraphRunner(self, graph_batch)
+            log.info(
+                "CUDA graphs: %d decode batch sizes (1..%d) captured in %.1f s; they and the attention "
+                "state take %d MiB, measured before sizing the KV cache",
+                len(self.graphs.sizes),
+                graph_batch,
+                self.graphs.capture_s,
+                reserve >> 20,
+            )
+        log.info(
+            "KV cache: %d pages of %d tokens (%d tokens); attention: %s",
+            num_pages,
+            self.page_size,
+            num_pages * self.page_size,
+            self.backend.name,
+        )
+
+    def _build(self, num_pages: int) -> None:
+        """The KV pool, the page table, the token table, the step buffers and the attention backend."""
+        engine_config, config, device = self.engine_config, self.config, self.device
         self.num_pages = num_pages
-        self.pool = KVPool(config, num_pages, self.page_size, device, dtype, kv_heads)
+        self.pool = KVPool(config, num_pages, self.page_size, device, self.dtype, self.kv_heads)
         max_running = engine_config.max_running_requests
         pages_per_request = -(-config.max_context // self.page_size)
         self.page_table = PageTable(max_running, pages_per_request, device, self.pool.padding_page)
@@ -76,32 +106,48 @@ class ModelRunner:
         self.backend = create_backend(
             engine_config.attn, config, self.pool, self.page_table, self.tp.split(config.num_heads)
         )
-        self._note_cuda_graphs(engine_config.cuda_graph_max_bs)
-        log.info(
-            "KV cache: %d pages of %d tokens (%d tokens); attention: %s",
-            num_pages,
-            self.page_size,
-            num_pages * self.page_size,
-            self.backend.name,
-        )
 
-    def _pages_that_fit(self, memory_ratio: float, kv_heads: int) -> int:
-        if self.device.type != "cuda":
-            return CPU_KV_TOKENS // self.page_size
-        page_bytes = KVPool.bytes_per_page(self.config, self.page_size, self.dtype, kv_heads)
-        # The weights are loaded: give the KV cache what is free, minus (1 - ratio) of the card,
-        # which stays for activations, workspaces and the allocator's slack. One page less: the
-        # padding page.
-        free, total = torch.cuda.mem_get_info(self.device)
-        return int((free - (1 - memory_ratio) * total) // page_bytes) - 1
-
-    def _note_cuda_graphs(self, max_bs: int | None) -> None:
-        # Decode CUDA graphs arrive with stage 05; until then say once what the flag does.
+    def _graph_batch(self, max_bs: int | None) -> int | None:
+        """The largest decode batch to capture, or None for eager decode (with one log line why)."""
+        if max_bs == 0:
+            return None
         if self.device.type != "cuda":
             if max_bs:
                 log.info("--cuda-graph-max-bs %d ignored on the CPU: CUDA graphs need a GPU", max_bs)
-        elif max_bs != 0:
-            log.info("CUDA graphs are not ported to final/ yet: decode steps run eagerly")
+            return None
+        auto = min(self.engine_config.max_running_requests, AUTO_MAX_BATCH)
+        return min(max_bs or auto, self.engine_config.max_running_requests)
+
+    def _measure_graphs(self, max_batch: int) -> int:
+        """Capture every graph against a one-page scratch pool and return the device memory the
+        graphs and the attention state took (0 if the backend cannot capture): the KV cache is then
+        sized without it, so the graphs fit inside --memory-ratio."""
+        torch.cuda.synchronize(self.device)
+        free_before, _ = torch.cuda.mem_get_info(self.device)
+        self._build(1)
+        reason = self.backend.graph_unsupported_reason(max_batch)
+        if reason is not None:
+            log.info("CUDA graphs off, decode steps run eagerly: %s", reason)
+            taken = 0
+        else:
+            GraphRunner(self, max_batch)
+            torch.cuda.synchronize(self.device)
+            scratch_pool = 2 * KVPool.bytes_per_page(self.config, self.page_size, self.dtype, self.kv_heads)
+            taken = max(free_before - torch.cuda.mem_get_info(self.device)[0] - scratch_pool, 1)
+        del self.pool, self.page_table, self.token_table, self.buffers, self.backend
+        gc.collect()  # the graphs and the backend refer to each other
+        torch.cuda.empty_cache()
+        return taken
+
+    def _pages_that_fit(self, memory_ratio: float, reserve: int) -> int:
+        if self.device.type != "cuda":
+            return CPU_KV_TOKENS // self.page_size
+        page_bytes = KVPool.bytes_per_page(self.config, self.page_size, self.dtype, self.kv_heads)
+        # The weights are loaded: give the KV cache what is free, minus the graphs' share and
+        # (1 - ratio) of the card, which stays for activations, workspaces and the allocator's
+        # slack. One page less: the padding page.
+        free, total = torch.cuda.mem_get_info(self.device)
+        return int((free - reserve - (1 - memory_ratio) * total) // page_bytes) - 1
 
     def prepare(self, step: StepInput) -> ForwardBatch:
         """Copy the step's numbers to the device in one transfer and derive the rest there: token
@@ -117,14 +163,7 @@ class ModelRunner:
         where = [ends[i] - 1 for i in picks]
         s, d = len(sampled), len(picks)
         layout = step.rows + step.query_lens + step.seq_lens + last + sampled + where + picks + step.input_ids
-        # Pinned memory from PyTorch's caching host allocator: the copy is asynchronous, and the block
-        # is not reused before the copy has run, even when the host runs a step ahead (overlap).
-        host = torch.tensor(layout, dtype=torch.int32)
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        dev = buf.staging[: len(layout)]
-        dev.copy_(host, non_blocking=True)
-        parts = torch.split(dev, [b, b, b, s, s, d, d, t])
+        parts = torch.split(self._send(layout), [b, b, b, s, s, d, d, t])
         rows, query_lens, seq_lens = buf.rows[:b], buf.query_lens[:b], buf.seq_lens[:b]
         rows.copy_(parts[0])
         query_lens.copy_(parts[1])
@@ -159,10 +198,64 @@ class ModelRunner:
         )
 
     def forward(self, step: StepInput) -> torch.Tensor:
-        """Logits [sampled requests, vocab] for the token after each sampled request's last one."""
+        """Logits [sampled requests, vocab] for the token after each sampled request's last one:
+        a decode step replays its CUDA graph when there is one, anything else runs eagerly."""
+        if self.graphs is not None and self.graphs.can_run(step):
+            return self.graphs.run(step)
         batch = self.prepare(step)
         self.backend.prepare(batch)
         return self.model(batch, self.backend)
+
+    # ------------------------------------------------------------------ decode graphs' inputs
+
+    def stage_padding(self, size: int) -> None:
+        """Every one of the first `size` rows a padding row of length 1 (what a graph is captured on)."""
+        buf = self.buffers
+        buf.rows[:size].fill_(self.page_table.padding_row)
+        buf.seq_lens[:size].fill_(1)
+
+    def stage_decode(self, step: StepInput, size: int, sampled_index: torch.Tensor) -> int:
+        """Write a decode step's numbers, padded to `size` rows, into the static buffers a graph
+        reads; the indices of the sampled rows go to `sampled_index`. Returns how many there are.
+        A request whose token the host supplies (a prompt's 1-token chunk, a recomputed answer's
+        last token) has it written into the token table, where the graph reads every row's."""
+        buf, b = self.buffers, step.size
+        pad = size - b
+        sampled = [i for i, s in enumerate(step.sampled) if s]
+        host = [i for i, from_table in enumerate(step.from_table) if not from_table]
+        host_rows, host_tokens = [step.rows[i] for i in host], [step.input_ids[i] for i in host]
+        s, h = len(sampled), len(host)
+        layout = step.rows + [self.page_table.padding_row] * pad + step.seq_lens + [1] * pad
+        layout += sampled + host_rows + host_tokens
+        parts = torch.split(self._send(layout), [size, size, s, h, h])
+        buf.rows[:size].copy_(parts[0])
+        buf.seq_lens[:size].copy_(parts[1])
+        sampled_index[:s].copy_(parts[2])
+        torch.index_select(buf.rows, 0, parts[2], out=buf.sampled_rows[:s])
+        if h:
+            self.token_table[parts[3]] = parts[4]
+        self.page_table.flush()
+        return s
+
+    def decode_inputs(self, size: int) -> None:
+        """The inputs of a decode step of `size` rows, from the static rows and lengths alone (this
+        runs inside the graph): each row's token from the token table, its position, its K/V slot."""
+        buf = self.buffers
+        rows, positions = buf.rows[:size], buf.positions[:size]
+        torch.index_select(self.token_table, 0, rows, out=buf.input_ids[:size])
+        torch.sub(buf.seq_lens[:size], 1, out=positions)
+        buf.out_slots[:size].copy_(self.page_table.slots(rows, positions, self.page_size))
+
+    def _send(self, layout: list[int]) -> torch.Tensor:
+        """Copy a step's numbers to the device staging buffer in one transfer; the device view."""
+        # Pinned memory from PyTorch's caching host allocator: the copy is asynchronous, and the block
+        # is not reused before the copy has run, even when the host runs a step ahead (overlap).
+        host = torch.tensor(layout, dtype=torch.int32)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        dev = self.buffers.staging[: len(layout)]
+        dev.copy_(host, non_blocking=True)
+        return dev
 
     def record_tokens(self, tokens: torch.Tensor) -> None:
         """The tokens just sampled (one per sampled request of the last prepared step, in order)
