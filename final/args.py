@@ -124,6 +124,21 @@ def build_parser() -> argparse.ArgumentParser:
         "decode steps run eagerly; default: min(--max-running-requests, 256) on a GPU. Ignored on the "
         "CPU (one log line)",
     )
+    overlap = engine.add_mutually_exclusive_group()
+    overlap.add_argument(
+        "--overlap",
+        default=defaults.overlap,
+        choices=["auto", "on", "off"],
+        help="overlap scheduling: the host schedules and prepares step N+1 while the GPU runs step N; "
+        "auto: on on a GPU, off on the CPU (FINAL_DISABLE_OVERLAP=1 turns auto off)",
+    )
+    overlap.add_argument(
+        "--disable-overlap",
+        dest="overlap",
+        action="store_const",
+        const="off",
+        help="the same as --overlap off",
+    )
     engine.add_argument(
         "--tp", type=int, default=defaults.tp, help="tensor-parallel GPUs; only 1 until TP is ported"
     )
@@ -168,5 +183,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_seq_len_override=args.max_seq_len_override,
         cache=args.cache,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
+        overlap=args.overlap,
         tp=args.tp,
     )

@@ -156,3 +156,31 @@ def test_graphs_fit_inside_the_memory_ratio(gpu_model_dir):
             assert free >= (1 - ratio) * total - (512 << 20), f"{free >> 20} MiB free of {total >> 20}"
         release(llm)
     assert sizes[256] < sizes[0], "the graphs' memory was not subtracted from the KV cache"
+
+
+@pytest.mark.parametrize("attn", ["fi", "torch"])
+def test_overlap_equals_no_overlap_on_gpu(gpu_model_dir, attn):
+    """Overlap on (with graphs) against overlap off, through radix hits, chunks, stop tokens,
+    aborts and preemption; the pool is checked after every step."""
+    base = sample_prompts(gpu_model_dir, n=12, seed=31)
+    prompts = base + [base[1][:40] + p[:6] for p in base[2:5]]
+    params = SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[7, 11], logprobs=10**6)
+    arrivals = [0, 0, 1, 1, 2, 3, 5, 8, 8, 9, 10, 14, 15, 15, 16]
+    aborts = {3: 9, 9: 13}
+    outs = {}
+    for overlap in ("off", "on"):
+        llm = engine(gpu_model_dir, attn, 16, overlap=overlap, max_prefill_length=40, num_pages=40)
+        outs[overlap] = run(llm, prompts, params, arrivals, aborts)
+        while llm.core.has_work():
+            llm.step()
+        llm.core.check_integrity()
+        assert not llm.core.scheduler.retiring
+        vocab = llm.config.vocab_size
+        release(llm)
+    pairs = [
+        (on, off)
+        for on, off in zip(outs["on"], outs["off"], strict=True)
+        if off is not None and on is not None
+    ]
+    assert len(pairs) >= len(prompts) - len(aborts)
+    assert_agree_until_near_tie([a for a, _ in pairs], [b for _, b in pairs], vocab, atol=0.05)

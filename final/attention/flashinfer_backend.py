@@ -49,10 +49,21 @@ class FlashInferBackend(AttentionBackend):
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores
         )
         self.current = self.decode_wrapper  # the decode wrapper the next forward uses
+        self.last_plan: torch.cuda.Event | None = None
         self.graph_wrappers: dict[int, object] = {}
         self.graph_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def _plan(self, wrapper, batch: ForwardBatch) -> None:
+        # plan() writes its metadata into a pinned host buffer of the wrapper and copies it to the
+        # device asynchronously. With overlap scheduling the host plans step N+1 while step N may
+        # not have run that copy yet: wait for it first (it is almost always done already).
+        if self.last_plan is not None:
+            self.last_plan.synchronize()
+        self._plan_now(wrapper, batch)
+        self.last_plan = torch.cuda.Event()
+        self.last_plan.record()
+
+    def _plan_now(self, wrapper, batch: ForwardBatch) -> None:
         page_size = self.pool.page_size
         num_pages_list = [-(-n // page_size) for n in batch.seq_lens]
         kv_indptr_list = [0, *accumulate(num_pages_list)]

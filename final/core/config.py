@@ -6,12 +6,14 @@ the same object, so a flag means the same thing everywhere.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import NotAvailableYet, UserError
 
 CHUNK_POLICIES = ("mixed", "prefill-first")  # see final/scheduler/scheduler.py
+OVERLAP_MODES = ("auto", "on", "off")  # see final/engine/core.py
 
 
 @dataclass
@@ -29,10 +31,22 @@ class EngineConfig:
     max_seq_len_override: int | None = None  # cap the context below the model's own
     cache: str = "radix"  # prefix cache: radix or naive; see final/kvcache/registry.py
     cuda_graph_max_bs: int | None = None  # largest captured decode batch; None: auto; 0: off
+    # Overlap scheduling: auto (on a GPU; off on the CPU, where nothing runs asynchronously), on,
+    # off. FINAL_DISABLE_OVERLAP=1 in the environment turns auto off (benchmarks, ablations).
+    overlap: str = "auto"
     tp: int = 1  # tensor-parallel degree (only 1 until tensor parallelism is ported)
 
     def __post_init__(self) -> None:
         self.validate()
+
+    def overlap_enabled(self, device_type: str) -> bool:
+        if self.overlap != "auto":
+            return self.overlap == "on"
+        return device_type == "cuda" and os.environ.get("FINAL_DISABLE_OVERLAP", "") not in (
+            "1",
+            "true",
+            "yes",
+        )
 
     def validate(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -63,6 +77,10 @@ class EngineConfig:
                 f"--chunk-policy must be one of {', '.join(CHUNK_POLICIES)}, got {self.chunk_policy!r}",
             ),
             (self.tp >= 1, f"--tp must be >= 1, got {self.tp}"),
+            (
+                self.overlap in OVERLAP_MODES,
+                f"--overlap must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}",
+            ),
         ]
         for ok, message in checks:
             if not ok:

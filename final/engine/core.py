@@ -8,13 +8,33 @@ A step is two calls. `launch(batch)` prepares and runs the forward pass, samples
 writes the sampled tokens into the runner's token table (where the next decode step reads them)
 and starts their copy to the host; it returns a `StepHandle` without waiting for the device.
 `collect(handle)` waits for the tokens and does the bookkeeping: outputs, finish checks, prefix
-cache inserts. The synchronous loop is `collect(launch(schedule()))` (`step`); overlap scheduling
-(stage 06) launches step N+1 before collecting step N.
+cache inserts.
+
+Without overlap, `step` is `collect(launch(schedule()))`: the GPU idles while the host collects
+step N and schedules and prepares step N+1. With overlap (stage 06; on by default on a GPU),
+`step` schedules and launches step N+1 *before* collecting step N, so the host's work hides
+behind the GPU's. The invariants that make that safe:
+
+1. One step in flight at most, and every device access (copies, kernels, graph replays, the
+   attention plan's copies) on one stream: step N+1 cannot read or write before step N is done.
+2. Step N+1 is scheduled before step N's tokens are known: a request's token from step N is
+   pending (`Request.num_pending`), and its decode input is read from the device token table.
+3. A request that finishes at step N (EOS, length, stop string, abort) may already sit in step
+   N+1: its token from N+1 is dropped, and its pages go back to the pool only once N+1 is known
+   complete (`Scheduler.retiring`, released when the next step is collected), never under a
+   running step. A finish or abort of a request already gone is a no-op (no double free).
+4. A request that used up max_tokens is not scheduled again while its last token is in flight.
+5. A preemption never happens with a step in flight (its victim's pages and pending token are the
+   step's): the scheduler raises NeedsDrain, the in-flight step is collected, and it schedules
+   again. Pool exhaustion is rare, so this costs a bubble rarely.
+6. The attention backend's host staging buffers (FlashInfer's plan) are not rewritten before the
+   previous step's copy from them has run (the backend waits on an event).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +48,7 @@ from ..core.model_config import load_model_config
 from ..core.sampling_params import SamplingParams
 from ..kvcache import KVCacheManager, create_prefix_cache
 from ..models import resolve_model
-from ..scheduler import Request, ScheduledBatch, Scheduler
+from ..scheduler import NeedsDrain, Request, ScheduledBatch, Scheduler, Status
 from .messages import EngineInfo, EngineStats, RequestDelta
 from .runner import ModelRunner
 from .sampler import Sampler, TopLogprobs, make_generator
@@ -75,6 +95,8 @@ class EngineCore:
         self.generators: dict[int, torch.Generator] = {}  # seeded requests' private random streams
         self.eos_ids = set(self.model_config.eos_token_ids)
         self.stats = EngineStats(num_pages=self.runner.num_pages)
+        self.overlap = config.overlap_enabled(self.device.type)
+        self.in_flight: deque[StepHandle] = deque()  # launched, not yet collected (at most one)
 
     @property
     def kv_capacity(self) -> int:
@@ -111,21 +133,32 @@ class EngineCore:
             self.generators[rid] = generator
 
     def abort(self, rid: int) -> bool:
+        """Drop a request wherever it is; if a step in flight holds it, its pages wait for that step."""
         self._forget(rid)
-        return self.scheduler.abort(rid)
+        return self.scheduler.abort(rid, defer_release=bool(self.in_flight))
 
     def _forget(self, rid: int) -> None:
         self.generators.pop(rid, None)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.in_flight)
 
     def step(self) -> list[RequestDelta]:
-        """Schedule, run and collect one step; one delta per request that sampled a token in it."""
-        batch = self.scheduler.schedule()
-        if batch is None:
-            return []
-        return self.collect(self.launch(batch))
+        """One iteration of the loop; one delta per request that got a token (or finished)."""
+        if not self.overlap:
+            batch = self.scheduler.schedule()
+            return [] if batch is None else self.collect(self.launch(batch))
+        deltas: list[RequestDelta] = []
+        try:
+            batch = self.scheduler.schedule(can_preempt=not self.in_flight)
+        except NeedsDrain:  # the pool ran dry: collect the step in flight, then preempt
+            deltas += self.collect(self.in_flight.popleft())
+            batch = self.scheduler.schedule()
+        if batch is not None:
+            self.in_flight.append(self.launch(batch))  # step N+1 is on its way ...
+        if len(self.in_flight) > 1 or (batch is None and self.in_flight):
+            deltas += self.collect(self.in_flight.popleft())  # ... while step N is collected
+        return deltas
 
     def launch(self, batch: ScheduledBatch) -> StepHandle:
         """Run the step's forward pass and sampling on the device; do not wait for them."""
@@ -161,17 +194,22 @@ class EngineCore:
 
     def collect(self, handle: StepHandle) -> list[RequestDelta]:
         """Wait for a launched step's tokens; append them, finish and cache requests; one delta per
-        sampled request."""
+        sampled request still alive."""
         tokens = handle.wait()
+        # That step is complete: pages of requests that finished while it ran can go back.
+        self.scheduler.release_retired()
         logprobs = handle.logprobs.entries() if handle.logprobs is not None else [None] * len(tokens)
         deltas: list[RequestDelta] = []
         work = zip(handle.sampled, handle.completes_prefill, tokens, logprobs, strict=True)
         for req, completes_prefill, token, entry in work:
             req.num_pending -= 1
+            if req.status is Status.FINISHED:
+                continue  # finished (or aborted) after this step was launched: its token is dropped
             req.output_ids.append(token)
             reason = finish_reason(token, req.params, self.eos_ids, len(req.output_ids), req.max_new_tokens)
             if reason:
-                self.scheduler.finish(req)
+                # Under overlap the next step is in flight and may hold this request.
+                self.scheduler.finish(req, defer_release=bool(self.in_flight))
                 self._forget(req.rid)
             elif completes_prefill:
                 # The prompt is in the pool now: requests that arrive while this one decodes reuse it.
@@ -185,14 +223,16 @@ class EngineCore:
                     cached_tokens=req.cached_tokens,
                 )
             )
-        self.stats.generated_tokens += len(tokens)
+        self.stats.generated_tokens += len(deltas)
         return deltas
 
     def fail_all(self, message: str) -> list[RequestDelta]:
         """After an unexpected error in a step: drop every request, and say so to their clients."""
         rids = list(self.scheduler.by_rid)
+        self.in_flight.clear()  # its results cannot be trusted
         for rid in rids:
             self.abort(rid)
+        self.scheduler.release_retired()
         return [RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=message) for rid in rids]
 
     def snapshot(self, query_id: int = 0) -> EngineStats:

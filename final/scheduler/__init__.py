@@ -3,6 +3,6 @@ continuous batching, chunked prefill under a token budget, prefix-cache admissio
 when the KV pool runs dry. The KV cache manager decides which pages; the engine runs the step."""
 
 from .request import Request, ScheduledBatch, Status
-from .scheduler import Scheduler
+from .scheduler import NeedsDrain, Scheduler
 
-__all__ = ["Request", "ScheduledBatch", "Scheduler", "Status"]
+__all__ = ["NeedsDrain", "Request", "ScheduledBatch", "Scheduler", "Status"]

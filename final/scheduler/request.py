@@ -50,6 +50,11 @@ class Request:
         return self.seq_len - self.num_computed
 
     @property
+    def out_of_tokens(self) -> bool:
+        """Every token it may generate has been sampled (some may still be in flight)."""
+        return self.num_generated >= self.max_new_tokens
+
+    @property
     def is_decoding(self) -> bool:
         """Past its prompt: the next step computes the one token it sampled last."""
         return self.num_generated > 0 and self.num_uncomputed == 1

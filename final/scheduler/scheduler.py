@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 MIN_SHARED_TO_WAIT = 32
 
 
+class NeedsDrain(Exception):
+    """The pool ran dry while a step is in flight: a preemption must wait until it is collected
+    (the preempted request's pages and its last token are still the step's)."""
+
+
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_running: int, max_prefill_length: int, policy: str = "mixed"):
         if policy not in CHUNK_POLICIES:
@@ -44,6 +49,9 @@ class Scheduler:
         self.max_running, self.max_prefill_length, self.policy = max_running, max_prefill_length, policy
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last is the newest
+        # Finished or aborted requests whose pages wait for the step in flight (overlap scheduling:
+        # it may still read them); `release_retired` frees them once that step is complete.
+        self.retiring: list[Request] = []
         self.by_rid: dict[int, Request] = {}
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # tokens of every admission (again after a preemption)
@@ -66,7 +74,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch | None:
+    def schedule(self, can_preempt: bool = True) -> ScheduledBatch | None:
+        """The next step's requests and token counts; None when nothing can run. With a step in
+        flight (`can_preempt` False) a preemption cannot happen now: NeedsDrain is raised instead,
+        and the caller collects the step in flight before asking again."""
+        self.can_preempt = can_preempt
         if self.policy == "mixed":
             decodes = self._decodes()  # first: they may preempt, and must not wait for prefill
             chunks = self._prefill_chunks(self.max_prefill_length)
@@ -74,11 +86,11 @@ class Scheduler:
             chunks = self._prefill_chunks(self.max_prefill_length)
             decodes = [] if chunks else self._decodes()
         work = [(r, 1) for r in decodes] + chunks
-        if not work and self.running:
+        if not work and any(not r.out_of_tokens for r in self.running):
             # Prompts under way hold the pool and none can grow: recompute the newest later so
             # the others can finish (a lone request always fits; add_request checks that).
             self._preempt(self.running[-1])
-            return self.schedule()
+            return self.schedule(can_preempt)
         if not work:
             return None
         computed = [r.num_computed + n for r, n in work]
@@ -92,10 +104,12 @@ class Scheduler:
     def _decodes(self) -> list[Request]:
         """Running requests past their prompt: one token each. When the pool runs dry, preempt the
         newest request until the rest fit."""
-        for req in [r for r in self.running if r.is_decoding]:
+        for req in [r for r in self.running if r.is_decoding and not r.out_of_tokens]:
             while req.status is Status.RUNNING and not self.kv.grow(req.kv, req.seq_len):
                 self._preempt(self.running[-1])
-        return [r for r in self.running if r.is_decoding]
+        # A request whose last token is already in flight and used up max_tokens is done: it
+        # finishes when that token is collected, and another step for it would be wasted.
+        return [r for r in self.running if r.is_decoding and not r.out_of_tokens]
 
     def _prefill_chunks(self, budget: int) -> list[tuple[Request, int]]:
         """(request, tokens to compute) pairs within the budget: first the requests whose prefill
@@ -160,6 +174,8 @@ class Scheduler:
         self.kv.cache(req.kv, req.tokens(0, computed), computed)
 
     def _preempt(self, req: Request) -> None:
+        if not self.can_preempt:
+            raise NeedsDrain
         log.warning(
             "KV cache full: preempting request %d (%d tokens); it will be recomputed", req.rid, req.seq_len
         )
@@ -171,30 +187,42 @@ class Scheduler:
         req.status = Status.WAITING
         self.waiting.appendleft(req)
 
-    def finish(self, req: Request) -> None:
+    def finish(self, req: Request, defer_release: bool = False) -> None:
+        """A running request is done: it leaves the batch at once; its pages go back now, or, with
+        `defer_release` (a step in flight may still read them), at `release_retired`."""
         self.running.remove(req)
         self.cache_request(req)  # its prompt and output stay for later requests (a chat's next turn)
-        self.kv.release(req.kv)
         req.status = Status.FINISHED
         del self.by_rid[req.rid]
+        if defer_release:
+            self.retiring.append(req)
+        else:
+            self.kv.release(req.kv)
 
-    def abort(self, rid: int) -> bool:
-        """Drop a request wherever it is and give its pages back; False if it is not here."""
+    def abort(self, rid: int, defer_release: bool = False) -> bool:
+        """Drop a request wherever it is and give its pages back (see `finish`); False if it is not
+        here (finished already, or never added): an abort racing a finish is a no-op."""
         req = self.by_rid.get(rid)
         if req is None:
             return False
         if req.status is Status.RUNNING:
-            self.finish(req)
+            self.finish(req, defer_release)
         else:
             self.waiting.remove(req)
             req.status = Status.FINISHED
             del self.by_rid[rid]
         return True
 
+    def release_retired(self) -> None:
+        """The step in flight is complete: free the pages of the requests that finished meanwhile."""
+        for req in self.retiring:
+            self.kv.release(req.kv)
+        self.retiring.clear()
+
     def check_integrity(self) -> None:
         """The KV manager's invariants over the running requests, and per request: its shared pages
         hold its own tokens, its computed tokens fit its pages; waiting requests hold nothing."""
-        self.kv.check_integrity(r.kv for r in self.running)
+        self.kv.check_integrity(r.kv for r in self.running + self.retiring)
         for r in self.running:
             tokens, _ = self.kv.prefix_cache.prefix(r.kv.handle)
             assert tokens == r.tokens(0, len(tokens)), "a request uses the KV of other tokens"
@@ -203,3 +231,6 @@ class Scheduler:
             assert not r.kv.holds_pages and not r.kv.pages and r.kv.handle is None, (
                 "a waiting request holds pages"
             )
+            assert r.num_pending == 0, "a waiting request has a token in flight"
+        for r in self.retiring:
+            assert r.status is Status.FINISHED and r.rid not in self.by_rid
