@@ -35,8 +35,15 @@ from final.core.forward_batch import ForwardBatch
 from final.core.model_config import ModelConfig
 from final.core.sampling_params import SamplingParams
 from final.engine.graph import EagerGraph, GraphRunner
-from final.kvcache import KVPool, PageTable
 from tests.fixtures import attention_standins as standins
+from tests.fixtures.paged_batches import (
+    attention_config,
+    make_batch,
+    make_pool_and_table,
+    make_qkv,
+    scattered_pages,
+    write_pages,
+)
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 
 HOPPER, BLACKWELL, AMPERE = (9, 0), (10, 0), (8, 6)
@@ -181,15 +188,13 @@ def test_the_frontend_checks_without_touching_the_gpu(monkeypatch):
 def test_a_library_that_is_found_but_does_not_import_is_one_message(monkeypatch, tmp_path):
     standins.install(monkeypatch, HOPPER)  # nothing importable...
     monkeypatch.setattr(support, "installed", lambda module: True)  # ...though the files are there
-    pool, table = make_pool_and_table(page_size=4)
+    pool, table = pool_and_table(4)
     with pytest.raises(
         UserError, match="--attn fa: FlashAttention 4 does not import .*reinstall flash-attn-4"
     ):
         attention.create_backend("fa", tiny_config(), pool, table)
     with pytest.raises(UserError, match="--attn trtllm needs FlashInfer with its TensorRT-LLM kernels"):
-        attention.create_backend(
-            "torch,trtllm", tiny_config(64), make_pool_and_table(16, head_dim=64)[0], table
-        )
+        attention.create_backend("torch,trtllm", tiny_config(64), pool_and_table(16, 64)[0], table)
 
 
 @pytest.mark.parametrize(
@@ -202,7 +207,7 @@ def test_a_library_that_is_found_but_does_not_import_is_one_message(monkeypatch,
 )
 def test_head_sizes_the_kernels_lack_are_refused(monkeypatch, spec, capability, head_dim, needle):
     standins.install(monkeypatch, capability, "fa4", "flashinfer")
-    pool, table = make_pool_and_table(page_size=16, head_dim=head_dim)
+    pool, table = pool_and_table(16, head_dim)
     with pytest.raises(UserError, match=needle):
         attention.create_backend(spec, tiny_config(head_dim), pool, table)
 
@@ -259,55 +264,12 @@ def test_help_says_what_auto_picks():
 # Building blocks: a pool, a page table, a batch
 
 
-def tiny_config(head_dim: int = 8, heads: int = 4, kv_heads: int = 2) -> ModelConfig:
-    return ModelConfig(
-        architecture="LlamaForCausalLM", vocab_size=32, hidden_size=heads * head_dim, intermediate_size=16,
-        num_layers=1, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=1e-6,
-        max_context=64, tie_word_embeddings=False, qkv_bias=False, o_bias=False, mlp_bias=False,
-        qk_norm=False, rope_theta=1e4,
-    )  # fmt: skip
+def tiny_config(head_dim: int = 8) -> ModelConfig:
+    return attention_config(head_dim)
 
 
-def make_pool_and_table(
-    page_size: int, head_dim: int = 8, kv_heads: int = 2, num_pages: int = 12, rows: int = 4
-):
-    config = tiny_config(head_dim, kv_heads=kv_heads)
-    pool = KVPool(config, num_pages, page_size, torch.device("cpu"), torch.float32, kv_heads)
-    generator = torch.Generator().manual_seed(page_size)
-    pool.k.copy_(torch.randn(pool.k.shape, generator=generator))
-    pool.v.copy_(torch.randn(pool.v.shape, generator=generator))
-    width = -(-config.max_context // page_size)
-    return pool, PageTable(rows, width, torch.device("cpu"), pool.padding_page)
-
-
-def make_batch(
-    table: PageTable, page_size: int, rows: list[int], query_lens: list[int], seq_lens: list[int]
-) -> ForwardBatch:
-    """The batch the runner would build: request i computes its last query_lens[i] of seq_lens[i]."""
-    positions = torch.cat([torch.arange(s - q, s) for q, s in zip(query_lens, seq_lens, strict=True)])
-    rows_t = torch.tensor(rows, dtype=torch.int32)
-    token_rows = torch.repeat_interleave(rows_t, torch.tensor(query_lens))
-    return ForwardBatch(
-        is_prefill=any(q > 1 for q in query_lens),
-        query_lens=query_lens,
-        seq_lens=seq_lens,
-        input_ids=torch.zeros(len(positions), dtype=torch.int32),
-        positions=positions.to(torch.int32),
-        rows=rows_t,
-        seq_lens_t=torch.tensor(seq_lens, dtype=torch.int32),
-        out_slots=table.slots(token_rows, positions, page_size),
-        last_token_index=torch.zeros(0, dtype=torch.int64),
-    )
-
-
-def make_qkv(batch: ForwardBatch, heads: int = 4, kv_heads: int = 2, head_dim: int = 8, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    t = batch.num_tokens
-    return (
-        torch.randn(t, heads, head_dim, generator=g),
-        torch.randn(t, kv_heads, head_dim, generator=g),
-        torch.randn(t, kv_heads, head_dim, generator=g),
-    )
+def pool_and_table(page_size: int, head_dim: int = 8, num_pages: int = 12):
+    return make_pool_and_table(attention_config(head_dim), page_size, num_pages)
 
 
 # The ragged batch of the hand-computed test, page size 4: request A (row 2) has 7 tokens cached
@@ -317,15 +279,9 @@ PAGES = {2: [7, 3, 9], 0: [5, 1], 1: [2, 8, 6, 4]}
 ROWS, QUERY_LENS, SEQ_LENS = [2, 0, 1], [3, 6, 1], [10, 6, 13]
 
 
-def write_pages(table: PageTable, pages: dict[int, list[int]]) -> None:
-    for row, row_pages in pages.items():
-        table.write(row, 0, row_pages)
-    table.flush()
-
-
 def test_prefill_metadata_matches_hand_computed_values(monkeypatch):
     standins.install(monkeypatch, HOPPER, "fa4")
-    pool, table = make_pool_and_table(page_size=4)
+    pool, table = pool_and_table(4)
     write_pages(table, PAGES)
     backend = FlashAttentionBackend(tiny_config(), pool, table, 4, FLASH_ATTENTION_4)
     backend.prepare(make_batch(table, 4, ROWS, QUERY_LENS, SEQ_LENS))
@@ -340,7 +296,7 @@ def test_prefill_metadata_matches_hand_computed_values(monkeypatch):
 
 def test_decode_metadata_has_no_cumulative_lengths(monkeypatch):
     standins.install(monkeypatch, HOPPER, "flashinfer")
-    pool, table = make_pool_and_table(page_size=4)
+    pool, table = pool_and_table(4)
     write_pages(table, PAGES)
     backend = TrtllmBackend(tiny_config(), pool, table, 4)
     backend.prepare(make_batch(table, 4, [1, 0], [1, 1], [13, 5]))
@@ -352,7 +308,7 @@ def test_decode_metadata_has_no_cumulative_lengths(monkeypatch):
 
 def test_graph_metadata_lives_in_fixed_buffers_and_pads_to_the_padding_page(monkeypatch):
     standins.install(monkeypatch, HOPPER, "fa4")
-    pool, table = make_pool_and_table(page_size=4)
+    pool, table = pool_and_table(4)
     write_pages(table, PAGES)
     backend = FlashAttentionBackend(tiny_config(), pool, table, 4, FLASH_ATTENTION_4)
     pad = table.padding_row
@@ -396,20 +352,8 @@ def build(name, pool, table, library):
     return TrtllmBackend(tiny_config(), pool, table, 4)
 
 
-def scattered_pages(
-    page_size: int, seq_lens: list[int], num_pages: int, seed: int = 0
-) -> dict[int, list[int]]:
-    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
-    pages, row = {}, 0
-    for n in seq_lens:
-        count = -(-n // page_size)
-        pages[row], order = order[:count], order[count:]
-        row += 1
-    return pages
-
-
 def run_both(backend, reference, batch, seed=1):
-    q, k, v = make_qkv(batch, seed=seed)
+    q, k, v = make_qkv(batch, tiny_config(), seed=seed)
     reference.prepare(batch)
     want = reference.forward(0, q, k, v, batch)
     backend.prepare(batch)
@@ -422,7 +366,7 @@ def test_prefill_and_decode_read_the_right_pages(monkeypatch, standin, capabilit
     calls = standins.install(monkeypatch, capability, standin)
     seq_lens = [10, 6, 13, 1]
     num_pages = sum(-(-n // page_size) for n in seq_lens) + 3
-    pool, table = make_pool_and_table(page_size, num_pages=num_pages, rows=4)
+    pool, table = pool_and_table(page_size, num_pages=num_pages)
     write_pages(table, scattered_pages(page_size, seq_lens, num_pages))
     backend, reference = build(name, pool, table, library), TorchBackend(tiny_config(), pool, table, 4)
     # A cached prefix + a chunk, a fresh prompt, a decoding request, a one-token prompt.
@@ -442,7 +386,7 @@ def test_graph_decode_reads_the_right_pages_after_each_refill(
     standins.install(monkeypatch, capability, standin)
     seq_lens = [12, 7, 3]
     num_pages = sum(-(-n // page_size) for n in seq_lens) + 2
-    pool, table = make_pool_and_table(page_size, num_pages=num_pages, rows=4)
+    pool, table = pool_and_table(page_size, num_pages=num_pages)
     write_pages(table, scattered_pages(page_size, seq_lens, num_pages, seed=3))
     backend, reference = build(name, pool, table, library), TorchBackend(tiny_config(), pool, table, 4)
     pad, size = table.padding_row, 4
@@ -457,7 +401,7 @@ def test_graph_decode_reads_the_right_pages_after_each_refill(
         static.out_slots.copy_(step.out_slots)
         replayed = ForwardBatch(**{**vars(static), "seq_lens": step.seq_lens})
         backend.prepare_for_replay(replayed)
-        q, k, v = make_qkv(step, seed=len(rows))
+        q, k, v = make_qkv(step, tiny_config(), seed=len(rows))
         got = backend.forward(0, q, k, v, replayed)
         real = make_batch(table, page_size, rows, [1] * len(rows), lens)
         reference.prepare(real)
