@@ -17,6 +17,7 @@ tests/test_final_gpu_attention.py runs the real kernels on a GPU.
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 import torch
@@ -115,6 +116,16 @@ def test_a_missing_package_is_named(monkeypatch, spec, package):
     standins.install(monkeypatch, HOPPER, cpu_as_gpu=False)  # no library installed
     with pytest.raises(UserError, match=package):
         resolve(spec, 16)
+
+
+def test_flash_attention_4_without_its_cute_dsl_counts_as_missing(monkeypatch):
+    standins.install(monkeypatch, HOPPER, "fa4", "flashinfer", cpu_as_gpu=False)
+    monkeypatch.setitem(sys.modules, "cutlass", None)  # nvidia-cutlass-dsl missing, or off sys.path
+    with pytest.raises(
+        UserError, match=r"needs FlashAttention 4 \(module cutlass not found\): pip install flash-attn-4"
+    ):
+        resolve("fa")
+    assert resolve("auto").names == ("fi", "trtllm")  # auto goes on to the next choice
 
 
 def test_fa_on_a_gpu_flash_attention_4_does_not_serve_names_the_gpus_and_the_alternative(monkeypatch):

@@ -37,7 +37,7 @@ class Library:
 
     name: str  # what messages call it
     package: str  # what to install
-    module: str  # what to import
+    modules: tuple[str, ...]  # what must be importable: the library, then what it imports
     prefill_majors: tuple[int, ...] | None  # compute capability majors it prefills on (None: any)
     decode_majors: tuple[int, ...] | None
     gpus: str  # those GPUs, in words
@@ -62,13 +62,13 @@ class Library:
 
 
 FLASHINFER = Library(
-    "FlashInfer", "flashinfer-python", "flashinfer", None, None, "an NVIDIA GPU (compute capability 7.5+)"
+    "FlashInfer", "flashinfer-python", ("flashinfer",), None, None, "an NVIDIA GPU (compute capability 7.5+)"
 )
 # https://github.com/Dao-AILab/flash-attention/blob/main/flash_attn/cute/interface.py
 FLASH_ATTENTION_4 = Library(
     "FlashAttention 4",
     "flash-attn-4 (with nvidia-cutlass-dsl and quack-kernels)",
-    "flash_attn.cute",
+    ("flash_attn.cute", "cutlass", "quack"),  # cutlass: the CuTe DSL (nvidia-cutlass-dsl)
     (9, 10, 11),
     (9, 10, 11),
     HOPPER_AND_BLACKWELL,
@@ -77,7 +77,7 @@ FLASH_ATTENTION_4 = Library(
 FLASH_ATTENTION_3 = Library(
     "FlashAttention 3",
     "flash_attn_3 (built from hopper/ of Dao-AILab/flash-attention)",
-    "flash_attn_interface",
+    ("flash_attn_interface",),
     (9,),
     (9,),
     "a Hopper GPU (compute capability 9.x)",
@@ -86,7 +86,7 @@ FLASH_ATTENTION_3 = Library(
 FLASH_ATTENTION_2 = Library(
     "FlashAttention 2",
     "flash-attn",
-    "flash_attn.flash_attn_interface",
+    ("flash_attn.flash_attn_interface",),
     (8, 9),
     (8, 9),
     "an Ampere, Ada or Hopper GPU (compute capability 8.x or 9.x)",
@@ -97,7 +97,7 @@ FLASH_ATTENTION_2 = Library(
 TRTLLM = Library(
     "FlashInfer's TensorRT-LLM kernels",
     "flashinfer-python",
-    "flashinfer",
+    ("flashinfer",),
     (10,),
     (9, 10, 12),
     "a Hopper or Blackwell GPU (compute capability 9.x, 10.x or 12.x)",
@@ -142,6 +142,10 @@ def installed(module: str) -> bool:
         return False
 
 
+def missing_modules(library: Library) -> list[str]:
+    return [module for module in library.modules if not installed(module)]
+
+
 def _capability_text(capability: tuple[int, int]) -> str:
     return f"{capability[0]}.{capability[1]}"
 
@@ -163,11 +167,13 @@ def pick_library(
             f"--attn {name} needs --dtype bfloat16 or float16 ({libraries[0].name} has no {dtype} "
             "kernels); use --attn torch for float32"
         )
-    present = [lib for lib in libraries if installed(lib.module)]
+    present = [lib for lib in libraries if not missing_modules(lib)]
     if not present:
-        alternative = {"fa": "fi", "fi": "torch", "trtllm": "fi"}[name]
+        wanted, alternative = libraries[0], {"fa": "fi", "fi": "torch", "trtllm": "fi"}[name]
+        missing = missing_modules(wanted)
+        found = "" if missing[0] == wanted.modules[0] else f" (module {missing[0]} not found)"
         raise UserError(
-            f"--attn {name} needs {libraries[0].name}: pip install {libraries[0].package}; "
+            f"--attn {name} needs {wanted.name}{found}: pip install {wanted.package}; "
             f"or use --attn {alternative}"
         )
     if capability is None:
