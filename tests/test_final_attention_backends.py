@@ -136,7 +136,11 @@ def test_fa_on_a_gpu_flash_attention_4_does_not_serve_names_the_gpus_and_the_alt
     assert message.startswith(
         "--attn fa cannot prefill on this GPU (compute capability 8.6) with FlashAttention 4"
     )
-    assert "Hopper or Blackwell" in message and "FlashAttention 2 (flash-attn) needs an Ampere" in message
+    assert (
+        "Hopper or Blackwell" in message
+        and "FlashAttention 2 needs an Ampere, Ada or Hopper GPU (compute capability 8.x or 9.x): pip install flash-attn"
+        in message
+    )
 
 
 def test_flash_attention_2_needs_pages_of_a_multiple_of_256(monkeypatch):
@@ -201,7 +205,8 @@ def test_a_library_that_is_found_but_does_not_import_is_one_message(monkeypatch,
     monkeypatch.setattr(support, "installed", lambda module: True)  # ...though the files are there
     pool, table = pool_and_table(4)
     with pytest.raises(
-        UserError, match="--attn fa: FlashAttention 4 does not import .*reinstall flash-attn-4"
+        UserError,
+        match="--attn fa: FlashAttention 4 is installed but does not import .*pip install flash-attn-4",
     ):
         attention.create_backend("fa", tiny_config(), pool, table)
     with pytest.raises(UserError, match="--attn trtllm needs FlashInfer with its TensorRT-LLM kernels"):
@@ -253,6 +258,14 @@ def test_auto_picks_by_compute_capability(monkeypatch, capability, libraries, pa
     standins.install(monkeypatch, capability, *libraries, cpu_as_gpu=False)
     choice = resolve("auto", page_size)
     assert (choice.prefill, choice.decode, choice.page_size) == expected
+
+
+def test_auto_skips_kernels_without_the_models_head_size(monkeypatch):
+    standins.install(monkeypatch, HOPPER, "fa4", "flashinfer", cpu_as_gpu=False)
+    choice = attention.resolve_attention("auto", "cuda", BF16, None, head_dim=96)
+    assert (choice.names, choice.page_size) == (("fa", "fi"), 1)  # trtllm: 64, 128 or 256 only
+    with pytest.raises(UserError, match="head sizes 64, 128 or 256 only; this model's is 96"):
+        attention.resolve_attention("fa,trtllm", "cuda", BF16, None, head_dim=96)
 
 
 def test_auto_is_torch_on_the_cpu_and_in_float32(monkeypatch):

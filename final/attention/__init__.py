@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 from ..core.model_config import ModelConfig
 from ..kvcache import KVPool, PageTable
-from . import support
 from .base import AttentionBackend, HybridBackend
 from .choose import AUTO, AttentionChoice, describe_auto, resolve_attention, resolve_names
 from .support import Library
@@ -57,12 +56,9 @@ def create_backend(
 ) -> AttentionBackend:
     """The backend(s) `spec` names for this pool's device, dtype and page size; `num_heads`:
     query heads on this rank (default: all)."""
-    choice = resolve_attention(spec, pool.k.device, pool.k.dtype, pool.page_size)
-    capability = support.device_capability(pool.k.device)
+    choice = resolve_attention(spec, pool.k.device, pool.k.dtype, pool.page_size, head_dim=config.head_dim)
     heads = num_heads or config.num_heads
     libraries = {choice.prefill: choice.prefill_library, choice.decode: choice.decode_library}
-    for name, library in libraries.items():
-        support.check_head_dim(name, library, config.head_dim, capability)
     built = {name: BACKENDS[name](config, pool, page_table, heads, lib) for name, lib in libraries.items()}
     if choice.prefill == choice.decode:
         return built[choice.prefill]

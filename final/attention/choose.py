@@ -22,8 +22,8 @@ NAMES = ("torch", "fi", "fa", "trtllm")
 
 # --8<-- [start:auto]
 # Compute capability major -> (prefill candidates, decode candidates), best first. `auto` takes, per
-# phase, the first candidate whose package is installed and that takes the page size set with
-# --page-size (if any); torch is the last resort, and the only choice on the CPU or in float32.
+# phase, the first candidate that is installed and has kernels for the model's head size and the
+# --page-size set (if any); torch is the last resort, and the only choice on the CPU or in float32.
 # Until the attention benchmarks have run, these are the design's defaults: on Hopper,
 # FlashAttention 4 prefill with TRT-LLM (XQA) decode; on datacenter Blackwell, TRT-LLM for both
 # phases, as Mini-SGLang picks there.
@@ -42,8 +42,8 @@ def describe_auto() -> str:
     parts.append(f"other GPUs: {_pair(AUTO_OTHER_GPUS[0][0], AUTO_OTHER_GPUS[1][0])}")
     return (
         "; ".join(parts)
-        + "; the CPU or float32: torch. A backend not installed, or not taking the --page-size set, "
-        "is skipped for the next (fi, then torch)"
+        + "; the CPU or float32: torch. A backend not installed, or without kernels for the model's "
+        "head size or the --page-size set, is skipped for the next (fi, then torch)"
     )
 
 
@@ -81,21 +81,17 @@ def resolve_attention(
     dtype: torch.dtype | None = None,
     page_size: int | None = None,
     probe_gpu: bool = True,
+    head_dim: int | None = None,
 ) -> AttentionChoice:
     """The backends and page size for `--attn spec`; `dtype` None: not known yet (not checked);
-    `page_size` None: not set by the user (the kernels' preferred size is taken). With
-    `probe_gpu` False (the frontend, which must not touch the GPU) the compute capability is not
-    checked, and `auto` is resolved as for an unknown GPU."""
+    `page_size` None: not set by the user (the kernels' preferred size is taken); `head_dim`
+    None: not known (not checked). With `probe_gpu` False (the frontend, which must not touch
+    the GPU) the compute capability is not checked, and `auto` is resolved as for an unknown GPU."""
     device = torch.device(device)
     capability = support.device_capability(device) if probe_gpu else None
-    if spec == "auto":
-        names = _auto(device.type, capability, dtype, page_size)
-    else:
-        names = parse_spec(spec)
-    libraries = [
-        support.pick_library(name, phase, device.type, capability, dtype)
-        for name, phase in zip(names, PHASES, strict=True)
-    ]
+    setup = _Setup(device.type, capability, dtype, page_size, head_dim)
+    names = _auto(setup) if spec == "auto" else parse_spec(spec)
+    libraries = [setup.library(name, phase) for name, phase in zip(names, PHASES, strict=True)]
     chosen = _page_size(names, libraries, page_size)
     if page_size is None and chosen != 1 and probe_gpu:
         takes = next(lib for lib in libraries if lib is not None and not lib.takes_page_size(1))
@@ -111,38 +107,52 @@ def resolve_names(
     return resolve_attention(spec, device, dtype, page_size).names
 
 
-def _auto(
-    device_type: str, capability: tuple[int, int] | None, dtype: torch.dtype | None, page_size: int | None
-) -> tuple[str, str]:
-    if not support.is_cuda(device_type) or (dtype is not None and dtype not in HALF_DTYPES):
+@dataclass(frozen=True)
+class _Setup:
+    """What the machine and the model offer a backend."""
+
+    device_type: str
+    capability: tuple[int, int] | None
+    dtype: torch.dtype | None
+    page_size: int | None
+    head_dim: int | None
+
+    def library(self, name: str, phase: str) -> Library | None:
+        """The library `name` runs `phase` on here, or a UserError saying why it cannot."""
+        library = support.pick_library(name, phase, self.device_type, self.capability, self.dtype)
+        if self.head_dim is not None:
+            support.check_head_dim(name, library, self.head_dim, self.capability)
+        return library
+
+
+def _auto(setup: _Setup) -> tuple[str, str]:
+    if not support.is_cuda(setup.device_type) or (setup.dtype is not None and setup.dtype not in HALF_DTYPES):
         return "torch", "torch"
+    capability = setup.capability
     prefill_options, decode_options = (
         AUTO.get(capability[0], AUTO_OTHER_GPUS) if capability else AUTO_OTHER_GPUS
     )
-    prefill = _first(prefill_options, "prefill", device_type, capability, dtype, page_size, None)
-    decode = _first(decode_options, "decode", device_type, capability, dtype, page_size, prefill)
+    prefill = _first(setup, prefill_options, "prefill", None)
+    decode = _first(setup, decode_options, "decode", prefill[1])
     return prefill[0], decode[0]
 
 
 def _first(
-    options: tuple[str, ...],
-    phase: str,
-    device_type: str,
-    capability: tuple[int, int] | None,
-    dtype: torch.dtype | None,
-    page_size: int | None,
-    prefill: tuple[str, Library | None] | None,
+    setup: _Setup, options: tuple[str, ...], phase: str, prefill: Library | None
 ) -> tuple[str, Library | None]:
     """The first option that runs here, takes the page size, and shares one with the prefill's."""
     for name in options:
         try:
-            library = support.pick_library(name, phase, device_type, capability, dtype)
+            library = setup.library(name, phase)
         except UserError:
             continue
-        others = [prefill[1]] if prefill else []
-        if page_size is not None and library is not None and not library.takes_page_size(page_size):
+        if (
+            library is not None
+            and setup.page_size is not None
+            and not library.takes_page_size(setup.page_size)
+        ):
             continue
-        if page_size is None and _common_page_size([library, *others]) is None:
+        if setup.page_size is None and _common_page_size([library, prefill]) is None:
             continue
         return name, library
     return "torch", None

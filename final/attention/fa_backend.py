@@ -36,6 +36,7 @@ class Kernels(Protocol):
     def decode(self, q, k_cache, v_cache, m: PagedMetadata, scale: float) -> torch.Tensor: ...
 
 
+# --8<-- [start:fa4]
 class FlashAttention4:
     def __init__(self, module):
         self.attention = module.flash_attn_varlen_func  # returns (out, lse); lse is None here
@@ -67,6 +68,9 @@ class FlashAttention4:
             causal=True,
         )
         return out.squeeze(1)
+
+
+# --8<-- [end:fa4]
 
 
 class FlashAttention3:
@@ -148,7 +152,7 @@ class FlashAttentionBackend(PagedBackend):
             module = importlib.import_module(module_name)
         except ImportError as err:  # found, but it or a dependency does not import
             raise UserError(
-                f"--attn fa: {library.name} does not import ({err}); reinstall {library.package}"
+                f"--attn fa: {library.name} is installed but does not import ({err}); {library.install}"
             ) from err
         self.library = library
         self.kernels: Kernels = kernels(module)

@@ -52,6 +52,7 @@ class PagedBackend(AttentionBackend):
     def _block_table(self, batch: ForwardBatch, width: int) -> torch.Tensor:
         return self.page_table.table[batch.rows, :width]  # a fresh, contiguous [B, width] tensor
 
+    # --8<-- [start:prepare]
     def prepare(self, batch: ForwardBatch) -> None:
         width = self._pages(batch.seq_lens)
         self.metadata = PagedMetadata(
@@ -65,6 +66,8 @@ class PagedBackend(AttentionBackend):
             both = self._to_device(q_starts + k_starts)
             self.metadata.cu_seqlens_q, self.metadata.cu_seqlens_k = both.split(len(q_starts))
             self.metadata.max_seqlen_q = max(batch.query_lens)
+
+    # --8<-- [end:prepare]
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         # One copy per step; pinned, so it does not wait, and the caching host allocator keeps the
@@ -85,6 +88,7 @@ class PagedBackend(AttentionBackend):
             self.graph_table = torch.zeros_like(self.page_table.table)  # every row of every size
         self.prepare_for_replay(batch)
 
+    # --8<-- [start:replay]
     def prepare_for_replay(self, batch: ForwardBatch) -> None:
         assert self.graph_table is not None, "replay before capture"
         size, width = batch.size, self._pages(batch.seq_lens)
@@ -95,3 +99,5 @@ class PagedBackend(AttentionBackend):
             seq_lens=batch.seq_lens_t,
             max_seqlen_k=self.graph_table.shape[1] * self.pool.page_size,
         )
+
+    # --8<-- [end:replay]

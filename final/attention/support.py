@@ -36,7 +36,7 @@ class Library:
     """One kernel library a backend can run on, and what it needs."""
 
     name: str  # what messages call it
-    package: str  # what to install
+    install: str  # how to install it
     modules: tuple[str, ...]  # what must be importable: the library, then what it imports
     prefill_majors: tuple[int, ...] | None  # compute capability majors it prefills on (None: any)
     decode_majors: tuple[int, ...] | None
@@ -62,12 +62,17 @@ class Library:
 
 
 FLASHINFER = Library(
-    "FlashInfer", "flashinfer-python", ("flashinfer",), None, None, "an NVIDIA GPU (compute capability 7.5+)"
+    "FlashInfer",
+    "pip install flashinfer-python",
+    ("flashinfer",),
+    None,
+    None,
+    "an NVIDIA GPU (compute capability 7.5+)",
 )
 # https://github.com/Dao-AILab/flash-attention/blob/main/flash_attn/cute/interface.py
 FLASH_ATTENTION_4 = Library(
     "FlashAttention 4",
-    "flash-attn-4 (with nvidia-cutlass-dsl and quack-kernels)",
+    "pip install flash-attn-4 nvidia-cutlass-dsl quack-kernels",
     ("flash_attn.cute", "cutlass", "quack"),  # cutlass: the CuTe DSL (nvidia-cutlass-dsl)
     (9, 10, 11),
     (9, 10, 11),
@@ -76,7 +81,7 @@ FLASH_ATTENTION_4 = Library(
 # https://github.com/Dao-AILab/flash-attention/blob/main/hopper/flash_attn_interface.py
 FLASH_ATTENTION_3 = Library(
     "FlashAttention 3",
-    "flash_attn_3 (built from hopper/ of Dao-AILab/flash-attention)",
+    "build flash_attn_3 from hopper/ of Dao-AILab/flash-attention",
     ("flash_attn_interface",),
     (9,),
     (9,),
@@ -85,7 +90,7 @@ FLASH_ATTENTION_3 = Library(
 # https://github.com/Dao-AILab/flash-attention/blob/main/flash_attn/flash_attn_interface.py
 FLASH_ATTENTION_2 = Library(
     "FlashAttention 2",
-    "flash-attn",
+    "pip install flash-attn",
     ("flash_attn.flash_attn_interface",),
     (8, 9),
     (8, 9),
@@ -96,7 +101,7 @@ FLASH_ATTENTION_2 = Library(
 # https://github.com/flashinfer-ai/flashinfer/blob/main/flashinfer/decode.py (backend="auto")
 TRTLLM = Library(
     "FlashInfer's TensorRT-LLM kernels",
-    "flashinfer-python",
+    "pip install flashinfer-python",
     ("flashinfer",),
     (10,),
     (9, 10, 12),
@@ -173,8 +178,7 @@ def pick_library(
         missing = missing_modules(wanted)
         found = "" if missing[0] == wanted.modules[0] else f" (module {missing[0]} not found)"
         raise UserError(
-            f"--attn {name} needs {wanted.name}{found}: pip install {wanted.package}; "
-            f"or use --attn {alternative}"
+            f"--attn {name} needs {wanted.name}{found}: {wanted.install}; or use --attn {alternative}"
         )
     if capability is None:
         return present[0]
@@ -188,7 +192,7 @@ def pick_library(
             "kernels (trtllm_batch_context_with_kv_cache) exist for compute capability 10.x "
             "(B200, GB200) only. Use it for decode: --attn fa,trtllm or --attn fi,trtllm"
         )
-    options = "; ".join(f"{lib.name} ({lib.package}) needs {lib.gpus}" for lib in libraries)
+    options = "; ".join(f"{lib.name} needs {lib.gpus}: {lib.install}" for lib in libraries)
     have = ", ".join(lib.name for lib in present)
     raise UserError(f"--attn {name} cannot {phase} on this GPU ({gpu}) with {have}: {options}")
 

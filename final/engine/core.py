@@ -83,7 +83,10 @@ class EngineCore:
         # Fail on a bad --attn or --cache before spending time on the weights. A page size the
         # user left unset becomes the attention kernels' choice, in the config itself, so that
         # every part of the engine (and the caller's config) reads the size in use.
-        config.page_size = resolve_attention(config.attn, self.device, self.dtype, config.page_size).page_size
+        choice = resolve_attention(
+            config.attn, self.device, self.dtype, config.page_size, head_dim=self.model_config.head_dim
+        )
+        config.page_size = choice.page_size
         prefix_cache = create_prefix_cache(config.cache, config.page_size)
         self.runner = ModelRunner(config, self.model_dir, self.model_config, self.device, self.dtype)
         self.kv = KVCacheManager(
