@@ -11,9 +11,9 @@
 #   test-final    final/'s GPU tests that need no default model
 #   test-all      every GPU test (needs the model kit)
 #   bench-final   batch-1 decode and the offline workload, graphs/overlap on and off
-#   test-attn     the attention backends' GPU tests (kernels, graphs, engines; about 15 minutes
-#                 on a fresh machine, most of it compiling kernels: split with test-attn-kernels
-#                 and test-attn-engine when one call may not take that long)
+#   test-attn     the attention backends' GPU tests (kernels, graphs, engines): on a fresh machine
+#                 most of the time goes to compiling kernels, so one call may not hold them all;
+#                 test-attn-fa, test-attn-fi, test-attn-trtllm and test-attn-engine split them
 #   bench-attn    offline throughput and batch-1 decode per attention backend and hybrid
 #                 (ATTN_SPECS="fi fa ..." picks some; about a minute each), into
 #                 benchmarks/results/<gpu>/attn_<workload>_<backends>_<gpu>.json
@@ -51,7 +51,10 @@ run_step() {
       bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg overlap=off --name final_offline_fi_nooverlap_$gpu
       ;;
     test-attn) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py ;;
-    test-attn-kernels) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py -k "kernels or graph or refused" ;;
+    test-attn-fa|test-attn-fi|test-attn-trtllm)  # one backend's kernel and graph tests
+      b=${1#test-attn-}
+      OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py \
+        -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside" ;;
     test-attn-engine) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py -k "engine or auto" ;;
     bench-attn)
       cc=$($py -c "import torch; print(torch.cuda.get_device_capability()[0])")
