@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from .attention import describe_auto
 from .core.config import CHUNK_POLICIES, EngineConfig
 from .kvcache import PREFIX_CACHES
 
@@ -72,11 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--attn",
         default=defaults.attn,
-        help="attention backend: torch, fi (FlashInfer), fa and trtllm (not ported yet), "
-        "PREFILL,DECODE (e.g. torch,fi), or auto (fi on CUDA when installed and the dtype is "
-        "bf16 or fp16, else torch)",
+        help="attention backend: torch (reference, any device), fi (FlashInfer), fa (FlashAttention), "
+        "trtllm (FlashInfer's TensorRT-LLM kernels; prefill on compute capability 10.x only), "
+        f"PREFILL,DECODE (e.g. fa,trtllm), or auto: by GPU, {describe_auto()}",
     )
-    engine.add_argument("--page-size", type=int, default=defaults.page_size, help="tokens per KV-cache page")
+    engine.add_argument(
+        "--page-size",
+        type=int,
+        default=None,
+        help="tokens per KV-cache page; default: 1, or what the attention kernels need (64 when "
+        "trtllm serves a phase, which takes 16, 32 or 64; 256 for FlashAttention 2)",
+    )
     engine.add_argument(
         "--num-pages",
         type=int,

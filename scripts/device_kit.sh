@@ -13,9 +13,15 @@
 # its /tmp with it): each call carries OUT_DIR/KIT/pN and runs `bash OUT_DIR/KIT/pN/unpack.sh`;
 # the call that brings a kit's last missing part installs that kit into /tmp/site. Then:
 #
-#   export PYTHONPATH=/tmp/site:.
+#   export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:.
 #   python3 -m stages.common.default_model      # converts the default model (model kit, ~40 s)
-#   bash scripts/run_gpu_tests.sh               # or make bench-gpu
+#   bash scripts/run_gpu_tests.sh               # or: bash scripts/gpu_run.sh env test-attn ...
+#
+# The second PYTHONPATH entry is the CuTe DSL's `cutlass` package (fa kit): nvidia-cutlass-dsl puts
+# it on sys.path with a .pth file, which Python runs only in site-packages, not in a --target
+# folder. Without it `--attn fa` says FlashAttention 4 is missing ("module cutlass not found").
+# One recipe serves every attention backend: base brings FlashInfer (fi, trtllm), fa brings
+# FlashAttention 4 (fa); both are wheels for Python 3.12 on x86-64 Linux, taken from PyPI here.
 #
 # FlashInfer compiles each kernel on first use (about a minute each on Hopper), per machine; set
 # FLASHINFER_WORKSPACE_BASE to keep its cache somewhere you can bring back.
@@ -61,7 +67,7 @@ if ls \$stash/x/wheels/*.whl >/dev/null 2>&1; then
 fi
 [ -d \$stash/x/site ] && cp -r \$stash/x/site/. /tmp/site/
 touch \$stash/installed
-echo "device kit $name: installed into /tmp/site (export PYTHONPATH=/tmp/site:.)"
+echo "device kit $name: installed into /tmp/site (export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:.)"
 UNPACK
   done
   echo "kit $name: $n part(s) in $dest"

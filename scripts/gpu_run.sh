@@ -11,10 +11,17 @@
 #   test-final    final/'s GPU tests that need no default model
 #   test-all      every GPU test (needs the model kit)
 #   bench-final   batch-1 decode and the offline workload, graphs/overlap on and off
+#   test-attn     the attention backends' GPU tests (kernels, graphs, engines): on a fresh machine
+#                 most of the time goes to compiling kernels, so one call may not hold them all;
+#                 test-attn-fa, test-attn-fi, test-attn-trtllm and test-attn-engine split them
+#   bench-attn    offline throughput and batch-1 decode per attention backend and hybrid
+#                 (ATTN_SPECS="fi fa ..." picks some; about a minute each), into
+#                 benchmarks/results/<gpu>/attn_<workload>_<backends>_<gpu>.json
 #   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=/tmp/site:.${PYTHONPATH:+:$PYTHONPATH}
+# The second entry: the CuTe DSL's `cutlass` (see scripts/device_kit.sh), which FlashAttention 4 imports.
+export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:.${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
 out=${OUT:-/tmp/gpu-out}
@@ -31,6 +38,8 @@ run_step() {
     env)
       nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
       $py -c "import torch, flashinfer, transformers; print(torch.__version__, torch.version.cuda, flashinfer.__version__, transformers.__version__); print(torch.cuda.get_device_name(), torch.cuda.mem_get_info())"
+      $py -c "import importlib.metadata as m, flash_attn.cute, cutlass; print('flash-attn-4', m.version('flash-attn-4'), 'nvidia-cutlass-dsl', m.version('nvidia-cutlass-dsl'))"
+      $py -c "import torch; from final.attention import resolve_attention as r; print('auto:', r('auto', 'cuda', torch.bfloat16))"
       ;;
     ckpt) [ -f $ckpt/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-0.6b --out $ckpt ;;
     test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py tests/test_final_gpu.py -k "not server and not bench_online" ;;
@@ -40,6 +49,23 @@ run_step() {
       bench --engine final --workload latency --engine-arg attn=fi --engine-arg cuda_graph_max_bs=0 --engine-arg overlap=off --name final_latency_fi_eager_$gpu
       bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name final_offline_fi_$gpu
       bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg overlap=off --name final_offline_fi_nooverlap_$gpu
+      ;;
+    test-attn) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py ;;
+    test-attn-fa|test-attn-fi|test-attn-trtllm)  # one backend's kernel and graph tests
+      b=${1#test-attn-}
+      OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py \
+        -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside" ;;
+    test-attn-engine) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py -k "engine or auto" ;;
+    bench-attn)
+      cc=$($py -c "import torch; print(torch.cuda.get_device_capability()[0])")
+      specs=${ATTN_SPECS:-"fi fa fa,fi fa,trtllm fi,trtllm"}
+      [ "$cc" = 10 ] && specs=${ATTN_SPECS:-"$specs trtllm"}  # TRT-LLM prefills on 10.x only
+      for spec in $specs; do
+        tag=${spec//,/-}
+        # One page size for all (16: one that every backend takes), so the kernels are compared.
+        bench --engine final --workload offline --engine-arg attn=$spec --engine-arg page_size=16 --name attn_offline_${tag}_$gpu
+        bench --engine final --workload latency --engine-arg attn=$spec --engine-arg page_size=16 --name attn_latency_${tag}_$gpu
+      done
       ;;
     peers)
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/bench_minisgl.py $ckpt fi

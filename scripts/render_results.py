@@ -10,8 +10,8 @@ Every result belongs to a group: its ``name`` up to the first ``_``, ``-`` or ``
   ``docs/``, as ``docs/chapters/01_naive_generate.md``), included under "Measure it";
 - ``docs/assets/plots/<group>.png``: its plot, when the group has results.
 
-Every stage has a group ``stageNN`` (and ``final/`` a group ``final``) even before it has results,
-so a chapter can always include its fragment. ``docs/generated/all_results.md`` holds every group
+Every stage has a group ``stageNN`` (and ``final/`` the groups ``final`` and ``attn``, its attention
+backends) even before it has results, so a chapter can always include its fragment. ``docs/generated/all_results.md`` holds every group
 for ``docs/results.md``. The schema of a result file is documented in ``benchmarks/README.md``.
 Nothing here reads a clock: the same JSON files give the same pages.
 """
@@ -131,7 +131,7 @@ def load_results(results_dir: Path) -> list[Result]:
 def default_groups(root: Path) -> list[str]:
     groups = [f"stage{stage.name[:2]}" for stage in list_stages(root)]
     if (Path(root) / "final").is_dir():
-        groups.append("final")
+        groups += ["final", "attn"]  # attn: final/'s attention backends (docs/serving/attention.md)
     return groups
 
 

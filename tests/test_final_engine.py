@@ -21,6 +21,7 @@ import final
 from final import attention
 from final.__main__ import main as final_main
 from final.args import build_parser, parse_args
+from final.attention import support
 from final.core.config import EngineConfig
 from final.core.errors import NotAvailableYet, UserError
 from final.core.sampling_params import SamplingParams
@@ -298,8 +299,6 @@ def test_logits_only_for_each_requests_last_token(tiny_qwen3_dir):
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"attn": "fa"}, "--attn fa"),
-        ({"attn": "torch,trtllm"}, "--attn trtllm"),
         ({"tp": 2}, "--tp 2"),
     ],
 )
@@ -468,7 +467,7 @@ def test_cli_help_explains_every_flag():
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--attn", "fa"], "not available in final/ yet"),
+        (["--attn", "flash"], "unknown attention backend 'flash'"),
         (["--shell", "--tp", "2"], "--tp 2"),
         (["--model", "/no/such/folder"], "not found"),
         (["--attn", "fi", "--device", "cpu"], "CUDA GPUs only"),
@@ -491,7 +490,12 @@ def test_cli_refuses_bad_flags_before_starting_anything(argv, needle):
     ],
 )
 def test_attention_choice_follows_device_and_dtype(monkeypatch, spec, dtype, expected):
-    monkeypatch.setattr(attention, "_flashinfer_installed", lambda: True)
+    # FlashInfer installed, on a GPU whose auto choice is fi (tests/test_final_attention_backends.py
+    # covers the other GPUs and libraries).
+    monkeypatch.setattr(support, "installed", lambda module: module == "flashinfer")
+    monkeypatch.setattr(
+        support, "device_capability", lambda device: (8, 0) if str(device) == "cuda" else None
+    )
     if isinstance(expected, str):
         with pytest.raises(UserError, match=expected):
             attention.resolve_names(spec, "cuda", dtype)

@@ -22,7 +22,9 @@ class EngineConfig:
     device: str = "auto"  # cpu, cuda, cuda:N or auto
     dtype: str = "auto"  # auto, float32, bfloat16, float16
     attn: str = "auto"  # NAME or PREFILL,DECODE; see final/attention
-    page_size: int = 1  # tokens per KV page
+    # Tokens per KV page. None: not chosen; the attention kernels' choice is taken (1, or 64 when
+    # TRT-LLM kernels serve a phase, 256 for FlashAttention 2): see final/attention/choose.py.
+    page_size: int | None = None
     num_pages: int | None = None  # KV pages in the pool; None: from memory (GPU) or a fixed size (CPU)
     memory_ratio: float = 0.9  # share of GPU memory for weights + KV cache
     max_running_requests: int = 256  # rows of the page table: requests holding KV at once
@@ -50,7 +52,10 @@ class EngineConfig:
 
     def validate(self) -> None:
         checks: list[tuple[bool, str]] = [
-            (self.page_size >= 1, f"--page-size must be >= 1, got {self.page_size}"),
+            (
+                self.page_size is None or self.page_size >= 1,
+                f"--page-size must be >= 1, got {self.page_size}",
+            ),
             (
                 self.num_pages is None or self.num_pages >= 1,
                 f"--num-pages must be >= 1, got {self.num_pages}",

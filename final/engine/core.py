@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from ..attention import resolve_names
+from ..attention import resolve_attention
 from ..core.config import EngineConfig
 from ..core.devices import DTYPES, pick_device, pick_dtype
 from ..core.limits import finish_reason, max_new_tokens
@@ -80,8 +80,13 @@ class EngineCore:
         self.model_config = load_model_config(self.model_dir, config.max_seq_len_override)
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.model_config.dtype, self.device)
-        # Fail on a bad --attn or --cache before spending time on the weights.
-        resolve_names(config.attn, self.device.type, self.dtype)
+        # Fail on a bad --attn or --cache before spending time on the weights. A page size the
+        # user left unset becomes the attention kernels' choice, in the config itself, so that
+        # every part of the engine (and the caller's config) reads the size in use.
+        choice = resolve_attention(
+            config.attn, self.device, self.dtype, config.page_size, head_dim=self.model_config.head_dim
+        )
+        config.page_size = choice.page_size
         prefix_cache = create_prefix_cache(config.cache, config.page_size)
         self.runner = ModelRunner(config, self.model_dir, self.model_config, self.device, self.dtype)
         self.kv = KVCacheManager(
@@ -256,5 +261,7 @@ def validate_early(config: EngineConfig) -> None:
     config.validate()
     device = pick_device(config.device)
     dtype = DTYPES.get(config.dtype)  # None for auto, which is never float32 on CUDA
-    resolve_names(config.attn, device.type, dtype)
-    create_prefix_cache(config.cache, config.page_size)
+    # Not probing the GPU: the frontend process must not create a CUDA context. The engine process
+    # checks the compute capability.
+    resolve_attention(config.attn, device, dtype, config.page_size, probe_gpu=False)
+    create_prefix_cache(config.cache, config.page_size or 1)

@@ -1,0 +1,165 @@
+"""FlashAttention over the paged pool: one kernel call per layer reads every request's pages
+through a block table (paged.py builds it), for prefill and decode alike.
+
+FlashAttention tiles the attention matrix: a thread block holds a tile of queries in on-chip
+memory and streams the keys and values past it tile by tile, keeping a running softmax, so the
+scores never go to GPU memory. With a block table the key tiles are gathered from the pages.
+
+Three generations of the library, in the order we prefer them (support.py says which GPUs and
+page sizes each takes):
+- FlashAttention 4 (`flash-attn-4`): CuTe DSL kernels for Hopper and Blackwell, compiled on first
+  use; `flash_attn.cute.flash_attn_varlen_func` with `page_table` and `seqused_k`.
+- FlashAttention 3 (Hopper): `flash_attn_interface.flash_attn_with_kvcache` with `page_table`,
+  `cache_seqlens` and, for prefill, `cu_seqlens_q`.
+- FlashAttention 2: `flash_attn.flash_attn_varlen_func` with `block_table` for prefill,
+  `flash_attn_with_kvcache` for decode; pages of a multiple of 256 tokens.
+All three align the causal mask to the bottom right, as our prefix-then-chunk layout needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+import torch
+
+from ..core.errors import UserError
+from .paged import PagedBackend, PagedMetadata
+from .support import FLASH_ATTENTION_2, FLASH_ATTENTION_3, FLASH_ATTENTION_4, Library
+
+
+class Kernels(Protocol):
+    """q [T, heads, head_dim] and one layer's pages [pages, page_size, kv_heads, head_dim] ->
+    [T, heads, head_dim]."""
+
+    def prefill(self, q, k_cache, v_cache, m: PagedMetadata, scale: float) -> torch.Tensor: ...
+    def decode(self, q, k_cache, v_cache, m: PagedMetadata, scale: float) -> torch.Tensor: ...
+
+
+# --8<-- [start:fa4]
+class FlashAttention4:
+    def __init__(self, module):
+        self.attention = module.flash_attn_varlen_func  # returns (out, lse); lse is None here
+
+    def prefill(self, q, k_cache, v_cache, m, scale):
+        out, _ = self.attention(
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q=m.cu_seqlens_q,
+            max_seqlen_q=m.max_seqlen_q,
+            seqused_k=m.seq_lens,
+            page_table=m.block_table,
+            softmax_scale=scale,
+            causal=True,
+        )
+        return out
+
+    def decode(self, q, k_cache, v_cache, m, scale):
+        # One query per request: the batched layout [B, 1, heads, head_dim], no cumulative lengths.
+        # num_splits stays 1: FlashAttention 4 has no split-KV kernels on Hopper.
+        out, _ = self.attention(
+            q.unsqueeze(1),
+            k_cache,
+            v_cache,
+            seqused_k=m.seq_lens,
+            page_table=m.block_table,
+            softmax_scale=scale,
+            causal=True,
+        )
+        return out.squeeze(1)
+
+
+# --8<-- [end:fa4]
+
+
+class FlashAttention3:
+    def __init__(self, module):
+        self.attention = module.flash_attn_with_kvcache
+
+    def prefill(self, q, k_cache, v_cache, m, scale):
+        return self.attention(
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens=m.seq_lens,
+            page_table=m.block_table,
+            cu_seqlens_q=m.cu_seqlens_q,
+            max_seqlen_q=m.max_seqlen_q,
+            softmax_scale=scale,
+            causal=True,
+        )
+
+    def decode(self, q, k_cache, v_cache, m, scale):
+        out = self.attention(
+            q.unsqueeze(1),
+            k_cache,
+            v_cache,
+            cache_seqlens=m.seq_lens,
+            page_table=m.block_table,
+            softmax_scale=scale,
+            causal=True,
+        )
+        return out.squeeze(1)
+
+
+class FlashAttention2:
+    def __init__(self, module):
+        self.varlen, self.with_kvcache = module.flash_attn_varlen_func, module.flash_attn_with_kvcache
+
+    def prefill(self, q, k_cache, v_cache, m, scale):
+        return self.varlen(
+            q,
+            k_cache,
+            v_cache,
+            m.cu_seqlens_q,
+            m.cu_seqlens_k,
+            m.max_seqlen_q,
+            m.max_seqlen_k,
+            softmax_scale=scale,
+            causal=True,
+            block_table=m.block_table,
+        )
+
+    def decode(self, q, k_cache, v_cache, m, scale):
+        out = self.with_kvcache(
+            q.unsqueeze(1),
+            k_cache,
+            v_cache,
+            cache_seqlens=m.seq_lens,
+            block_table=m.block_table,
+            softmax_scale=scale,
+            causal=True,
+        )
+        return out.squeeze(1)
+
+
+# The module each library is imported as, and its calls.
+KERNELS = {
+    FLASH_ATTENTION_4: ("flash_attn.cute", FlashAttention4),
+    FLASH_ATTENTION_3: ("flash_attn_interface", FlashAttention3),
+    FLASH_ATTENTION_2: ("flash_attn", FlashAttention2),
+}
+
+
+class FlashAttentionBackend(PagedBackend):
+    name = "fa"
+
+    def __init__(self, config, pool, page_table, num_heads=None, library: Library = FLASH_ATTENTION_4):
+        super().__init__(config, pool, page_table, num_heads)
+        module_name, kernels = KERNELS[library]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:  # found, but it or a dependency does not import
+            raise UserError(
+                f"--attn fa: {library.name} is installed but does not import ({err}); {library.install}"
+            ) from err
+        self.library = library
+        self.kernels: Kernels = kernels(module)
+
+    def forward(self, layer, q, k, v, batch):
+        self.pool.store(layer, batch.out_slots, k, v)
+        k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
+        run = self.kernels.prefill if batch.is_prefill else self.kernels.decode
+        out = run(q, k_cache, v_cache, self.metadata, self.scale)
+        return out.reshape(q.shape[0], -1)
