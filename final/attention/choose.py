@@ -24,12 +24,13 @@ NAMES = ("torch", "fi", "fa", "trtllm")
 # Compute capability major -> (prefill candidates, decode candidates), best first. `auto` takes, per
 # phase, the first candidate that is installed and has kernels for the model's head size and the
 # --page-size set (if any); torch is the last resort, and the only choice on the CPU or in float32.
-# Until the attention benchmarks have run, these are the design's defaults: on Hopper,
-# FlashAttention 4 prefill with TRT-LLM (XQA) decode; on datacenter Blackwell, TRT-LLM for both
-# phases, as Mini-SGLang picks there.
+# FlashInfer comes first everywhere because it is the one fast backend verified on a GPU so far
+# (H200, 2026-11-22); fa and trtllm are next in line, and move up once the attention benchmarks
+# have measured them there (the design's intent: on Hopper FlashAttention 4 prefill with TRT-LLM
+# (XQA) decode, on datacenter Blackwell TRT-LLM for both phases, as Mini-SGLang picks there).
 AUTO: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    9: (("fa", "fi"), ("trtllm", "fi")),  # H100, H200
-    10: (("trtllm", "fa", "fi"), ("trtllm", "fi")),  # B200, GB200
+    9: (("fi", "fa"), ("fi", "trtllm")),  # H100, H200
+    10: (("fi", "trtllm", "fa"), ("fi", "trtllm")),  # B200, GB200
 }
 AUTO_OTHER_GPUS = (("fi",), ("fi",))  # Ampere, Ada, consumer Blackwell (12.x), ...
 # --8<-- [end:auto]
