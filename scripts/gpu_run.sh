@@ -11,6 +11,9 @@
 #   test-final    final/'s GPU tests that need no default model
 #   test-all      every GPU test (needs the model kit)
 #   bench-final   batch-1 decode and the offline workload, graphs/overlap on and off
+#   test-stage05  stage 05's GPU tests (real CUDA graphs against eager decode)
+#   bench-stage05 stage 05's decode step at batch 1, 8, 64, 256 and the offline workload, graphs on and off
+#   profile-stage05  one decode step, eager and replayed, under the torch profiler (batch 1 and 64)
 #   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +44,20 @@ run_step() {
       bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name final_offline_fi_$gpu
       bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg overlap=off --name final_offline_fi_nooverlap_$gpu
       ;;
+    test-stage05) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage05_gpu.py ;;
+    bench-stage05)
+      for b in 1 8 64 256; do
+        bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$b --engine-arg attn=fi --engine-arg page_size=16 --name stage05_decode_b${b}_graphs_$gpu
+        bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$b --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_decode_b${b}_eager_$gpu
+      done
+      bench --engine stages.05_cuda_graph --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage05_offline_graphs_$gpu
+      bench --engine stages.05_cuda_graph --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_offline_eager_$gpu
+      ;;
+    profile-stage05)
+      for b in 1 64; do
+        $py scripts/profile_decode_step.py --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu
+      done
+      ;;
     peers)
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/bench_minisgl.py $ckpt fi
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/latency_minisgl.py $ckpt 8
@@ -60,4 +77,5 @@ for step in "$@"; do
 done
 tar -cf "$out/results.tar" -C "$out" logs $( [ -d "$out/gpu-tests" ] && echo gpu-tests ) 2>/dev/null
 [ -d "$results" ] && tar -rf "$out/results.tar" "$results"
+[ -d "benchmarks/profiles/$gpu" ] && tar -rf "$out/results.tar" "benchmarks/profiles/$gpu"
 exit $status
