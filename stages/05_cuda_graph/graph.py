@@ -137,7 +137,9 @@ class GraphRunner:
     def _capture(self, size: int, graph: Graph) -> Graph:
         runner = self.runner
         # Capture on padding rows only: recording runs the step, and must write into no live page.
-        self.inputs[:, :size] = torch.tensor([[0], [0], [runner.padding_row]])
+        self.input_ids[:size].zero_()
+        self.positions[:size].zero_()
+        self.rows[:size].fill_(runner.padding_row)
         batch = self._static_batch(size, [1] * size)
         runner.backend.prepare_for_capture(batch)
 
