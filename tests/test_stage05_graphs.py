@@ -219,3 +219,35 @@ def test_torch_backend_declines_graphs_it_cannot_afford(tiny_qwen3_dir):
     backend = llm.runner.backend
     assert backend.graph_unsupported_reason(16) is None
     assert "MiB per layer" in backend.graph_unsupported_reason(10**7)
+
+
+def test_graph_memory_is_measured_then_subtracted_from_the_kv_cache(tiny_qwen3_dir, monkeypatch, caplog):
+    """The sizing logic with the device's memory faked: capture against a one-page pool, count the
+    drop in free memory, and size the KV cache without it. A backend that declines costs nothing
+    and says why in one line."""
+    llm = stage05.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", max_running_requests=8)
+    runner = llm.runner
+    gib, graph_bytes = 1 << 30, 300 << 20
+    free = [10 * gib]  # what the fake driver reports as free; the capture below takes graph_bytes
+
+    def capture_that_takes_memory(*args, **kwargs):
+        free[0] -= graph_bytes
+        return graph.GraphRunner(*args, **kwargs, make_graph=graph.EagerGraph)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *_: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_: (free[0], 80 * gib))
+    monkeypatch.setattr(runner_module, "GraphRunner", capture_that_takes_memory)
+    assert runner._measure_graphs(8) == graph_bytes
+    free[0] = 10 * gib  # the measurement's graphs were thrown away
+    caplog.set_level(logging.INFO, logger="stages.05_cuda_graph")
+    assert runner._measure_graphs(10**7) is None, "the torch backend cannot afford 10^7 rows"
+    assert [r.getMessage()[:48] for r in caplog.records] == [
+        "CUDA graphs off, decode steps run eagerly: the t"
+    ]
+
+    runner.device = torch.device("cuda")  # only for the arithmetic of the sizing below
+    page_bytes = stage05.runner.KVPool.bytes_per_page(runner.config, runner.page_size, runner.dtype)
+    without, with_graphs = runner._pages_that_fit(0.9, 0), runner._pages_that_fit(0.9, graph_bytes)
+    assert without - with_graphs == pytest.approx(graph_bytes / page_bytes, abs=1)
+    assert without == int((10 * gib - 0.1 * 80 * gib) // page_bytes) - 1  # one page less: the padding page
