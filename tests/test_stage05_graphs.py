@@ -60,6 +60,7 @@ def test_largest_graph_is_auto_or_asked_and_never_above_max_running(asked, max_r
 @pytest.mark.parametrize("asked", [None, 16])
 def test_cpu_runs_decode_eagerly_with_one_log_line(tiny_qwen3_dir, caplog, asked):
     caplog.set_level(logging.INFO, logger="stages.05_cuda_graph")
+    caplog.clear()
     llm = stage05.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", cuda_graph_max_bs=asked)
     assert llm.runner.graphs is None
     lines = [r.getMessage() for r in caplog.records if "graph" in r.getMessage().lower()]
@@ -68,6 +69,7 @@ def test_cpu_runs_decode_eagerly_with_one_log_line(tiny_qwen3_dir, caplog, asked
 
 def test_graphs_off_says_nothing_and_negative_is_an_error(tiny_qwen3_dir, caplog):
     caplog.set_level(logging.INFO, logger="stages.05_cuda_graph")
+    caplog.clear()
     llm = stage05.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", cuda_graph_max_bs=0)
     assert llm.runner.graphs is None
     assert not [r for r in caplog.records if "graph" in r.getMessage().lower()]
@@ -241,10 +243,10 @@ def test_graph_memory_is_measured_then_subtracted_from_the_kv_cache(tiny_qwen3_d
     assert runner._measure_graphs(8) == graph_bytes
     free[0] = 10 * gib  # the measurement's graphs were thrown away
     caplog.set_level(logging.INFO, logger="stages.05_cuda_graph")
+    caplog.clear()
     assert runner._measure_graphs(10**7) is None, "the torch backend cannot afford 10^7 rows"
-    assert [r.getMessage()[:48] for r in caplog.records] == [
-        "CUDA graphs off, decode steps run eagerly: the t"
-    ]
+    lines = [r.getMessage() for r in caplog.records if "graph" in r.getMessage().lower()]
+    assert len(lines) == 1 and lines[0].startswith("CUDA graphs off, decode steps run eagerly: the torch")
 
     runner.device = torch.device("cuda")  # only for the arithmetic of the sizing below
     page_bytes = stage05.runner.KVPool.bytes_per_page(runner.config, runner.page_size, runner.dtype)
