@@ -12,7 +12,8 @@
 #   test-all      every GPU test (needs the model kit)
 #   bench-final   batch-1 decode and the offline workload, graphs/overlap on and off
 #   test-stage05  stage 05's GPU tests (real CUDA graphs against eager decode)
-#   bench-stage05 stage 05's decode step at batch 1, 8, 64, 256 and the offline workload, graphs on and off
+#   bench-stage05 stage 05's decode step at batch 1, 8, 64 and 256, graphs on and off
+#   bench-stage05-offline  stage 05's offline workload, graphs on and off
 #   profile-stage05  one decode step, eager and replayed, under the torch profiler (batch 1 and 64)
 #   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
 set -uo pipefail
@@ -50,6 +51,8 @@ run_step() {
         bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$b --engine-arg attn=fi --engine-arg page_size=16 --name stage05_decode_b${b}_graphs_$gpu
         bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$b --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_decode_b${b}_eager_$gpu
       done
+      ;;
+    bench-stage05-offline)
       bench --engine stages.05_cuda_graph --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage05_offline_graphs_$gpu
       bench --engine stages.05_cuda_graph --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_offline_eager_$gpu
       ;;

@@ -132,7 +132,7 @@ def render_fragment(profiles: dict[str, dict[str, Any]]) -> str:
     if not profiles:
         out.append(
             "No decode-step profile yet: it comes with the next GPU run "
-            "(`bash scripts/gpu_run.sh ckpt bench-stage05`, then `make docs-gen`)."
+            "(`bash scripts/gpu_run.sh ckpt profile-stage05`, then `make docs-gen`)."
         )
         return "\n".join(out) + "\n"
     for name, profile in profiles.items():
