@@ -51,6 +51,7 @@ notebooks: setup
 docs-gen: setup
 	$(BIN)/python scripts/render_diffs.py
 	$(BIN)/python scripts/render_results.py
+	$(BIN)/python scripts/render_profile.py
 
 docs: docs-gen
 	$(BIN)/mkdocs build --strict -d build/site
@@ -101,9 +102,17 @@ bench-gpu:
 	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=8192 --name stage04_long_prompt_mixed_8192_$(GPU_TAG)
 	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_8192_$(GPU_TAG)
 	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=65536 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_unchunked_$(GPU_TAG)
+	for b in 1 8 64 256; do \
+	  $(BENCH_GPU) --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$$b --engine-arg attn=fi --engine-arg page_size=16 --name stage05_decode_b$${b}_graphs_$(GPU_TAG) && \
+	  $(BENCH_GPU) --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$$b --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_decode_b$${b}_eager_$(GPU_TAG) || exit 1; \
+	done
+	$(BENCH_GPU) --engine stages.05_cuda_graph --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage05_offline_graphs_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.05_cuda_graph --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_offline_eager_$(GPU_TAG)
+	for b in 1 64; do $(GPU_PY) scripts/profile_decode_step.py --model $(GPU_MODEL) --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $$b --out benchmarks/profiles/$(GPU_TAG) || exit 1; done
 	$(BENCH_GPU) --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name final_offline_fi_$(GPU_TAG)
 	bash scripts/bench_final_online.sh $(GPU_MODEL) benchmarks/results/$(GPU_TAG) final_online_$(GPU_TAG)
 	$(GPU_PY) scripts/render_results.py
+	$(GPU_PY) scripts/render_profile.py
 
 # On a CUDA host: the GPU-marked tests; any skip is a failure there.
 gpu-test:

@@ -17,6 +17,10 @@
 #   bench-attn    offline throughput and batch-1 decode per attention backend and hybrid
 #                 (ATTN_SPECS="fi fa ..." picks some; about a minute each), into
 #                 benchmarks/results/<gpu>/attn_<workload>_<backends>_<gpu>.json
+#   test-stage05  stage 05's GPU tests (real CUDA graphs against eager decode)
+#   bench-stage05 stage 05's decode step at batch 1, 8, 64 and 256, graphs on and off
+#   bench-stage05-offline  stage 05's offline workload, graphs on and off
+#   profile-stage05  one decode step, eager and replayed, under the torch profiler (batch 1 and 64)
 #   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +71,22 @@ run_step() {
         bench --engine final --workload latency --engine-arg attn=$spec --engine-arg page_size=16 --name attn_latency_${tag}_$gpu
       done
       ;;
+    test-stage05) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage05_gpu.py ;;
+    bench-stage05)
+      for b in 1 8 64 256; do
+        bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$b --engine-arg attn=fi --engine-arg page_size=16 --name stage05_decode_b${b}_graphs_$gpu
+        bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$b --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_decode_b${b}_eager_$gpu
+      done
+      ;;
+    bench-stage05-offline)
+      bench --engine stages.05_cuda_graph --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage05_offline_graphs_$gpu
+      bench --engine stages.05_cuda_graph --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_offline_eager_$gpu
+      ;;
+    profile-stage05)
+      for b in 1 64; do
+        $py scripts/profile_decode_step.py --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu
+      done
+      ;;
     peers)
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/bench_minisgl.py $ckpt fi
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/latency_minisgl.py $ckpt 8
@@ -86,4 +106,5 @@ for step in "$@"; do
 done
 tar -cf "$out/results.tar" -C "$out" logs $( [ -d "$out/gpu-tests" ] && echo gpu-tests ) 2>/dev/null
 [ -d "$results" ] && tar -rf "$out/results.tar" "$results"
+[ -d "benchmarks/profiles/$gpu" ] && tar -rf "$out/results.tar" "benchmarks/profiles/$gpu"
 exit $status

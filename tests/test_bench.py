@@ -57,6 +57,17 @@ def test_scale_shrinks_counts_and_lengths_and_vocab_bounds_ids():
     assert all(len(it.prompt_ids) == 3 and it.arrival_s == 0 for it in long.items if it.group == 0)
 
 
+def test_decode_step_is_a_batch_of_equal_requests_whose_batch_does_not_scale():
+    w = wl.make_workload("decode-step", VOCAB, scale=0.25, batch=8)
+    assert w.num_requests == 8 and w.settings == {"batch": 8, "prompt_len": 128, "output_len": 32}
+    assert all(len(it.prompt_ids) == 128 and it.params.max_tokens == 32 for it in w.items)
+    assert all(it.arrival_s == 0 and it.params.greedy and it.params.ignore_eos for it in w.items)
+    assert len({tuple(it.prompt_ids) for it in w.items}) == 8  # nothing shared: no prefix cache hit
+    assert wl.make_workload("decode-step", VOCAB).num_requests == 64
+    with pytest.raises(TypeError):
+        wl.make_workload("decode-step", VOCAB, batches=8)
+
+
 def test_shared_prefix_groups_share_a_system_prompt_and_turns_extend_each_other():
     w = wl.shared_prefix(VOCAB, scale=0.25)
     prefix = w.settings["prefix_len"]
@@ -165,11 +176,50 @@ def test_serial_engine_counts_queueing_in_ttft():
     assert second.ttft_s >= 0.04 and second.token_times == [second.ttft_s]
 
 
+def test_decode_step_metrics_time_only_the_steps_where_the_whole_batch_decodes():
+    """Three requests: B's first token comes at t=3 (its prefill was chunked), A finishes at t=8.
+    The full-batch steps are 3->5 and 5->8, seen by each of the three. C was submitted later, and
+    a little after the others' clock: its times are relative to its submission."""
+    params = SamplingParams(max_tokens=5)
+
+    def record(submitted: float, token_times: list[float]) -> bench.Record:
+        item = wl.WorkItem(0.0, [1], params)
+        out = RequestOutput([1], [7] * len(token_times), token_times=token_times)
+        return bench.Record(item, 0.0, submitted, out)
+
+    records = [
+        record(0.0, [1.0, 3.0, 5.0, 8.0]),  # A
+        record(0.0, [3.0, 5.0, 8.0, 9.0]),  # B
+        record(0.5001, [0.5, 2.5, 4.5, 7.5, 8.5, 9.5]),  # C
+    ]
+    metrics = bench.decode_step_metrics(records, batch=3)
+    assert metrics["full_batch_steps"] == 2
+    assert metrics["decode_step_ms"] == pytest.approx(2500)  # the median of 2, 2, 2, 3, 3, 3 seconds
+    assert metrics["decode_tok_per_s"] == pytest.approx(3 / 2.5)
+
+
 def test_percentile_matches_linear_interpolation():
     values = [4.0, 1.0, 3.0, 2.0]
     assert bench.percentile(values, 50) == 2.5
     assert bench.percentile(values, 99) == pytest.approx(3.97)
     assert bench.percentile([7.0], 99) == 7.0
+
+
+def test_decode_step_end_to_end_with_stage05(tmp_path, tiny_qwen3_dir):
+    data = run_bench(tmp_path, tiny_qwen3_dir, "--engine", "stages.05_cuda_graph", "--workload", "decode-step",
+                     "--scale", "0.05", "--workload-arg", "batch=3", "--engine-arg", "cuda_graph_max_bs=0")  # fmt: skip
+    assert data["config"]["batch"] == 3 and data["config"]["cuda_graph_max_bs"] == 0
+    metrics = data["metrics"]
+    assert list(metrics)[:4] == [
+        "decode_step_ms",
+        "decode_tok_per_s",
+        "decode_step_ms_p90",
+        "full_batch_steps",
+    ]
+    assert metrics["requests"] == 3 and metrics["output_tokens"] == 3 * 6
+    assert (
+        metrics["full_batch_steps"] == 5 and metrics["decode_step_ms"] > 0
+    )  # 6 tokens: 5 steps after the first
 
 
 def test_engine_args_parse_numbers_and_strings():

@@ -3,6 +3,7 @@
     python -m stages.common.bench --engine stages.02_paged_kv --workload offline --scale 0.05
     python -m stages.common.bench --engine stages.02_paged_kv --workload offline --engine-arg attn=fi
     python -m stages.common.bench --engine hf --workload latency --dtype bfloat16 --repeats 3
+    python -m stages.common.bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=8
 
 Each run happens in a child process (this module again, with `--child`), so nothing one run
 compiled, cached or allocated helps the next; the child serves a small warm-up first and only
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # the parent process only starts children: it never imports t
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("benchmarks/results")
 # The names of stages.common.workloads.WORKLOADS (a test keeps them equal), without importing it.
-WORKLOAD_NAMES = ("offline", "latency", "shared-prefix", "no-sharing", "long-prompt")
+WORKLOAD_NAMES = ("offline", "latency", "decode-step", "shared-prefix", "no-sharing", "long-prompt")
 HF_ENGINE = "hf"
 SHARING_WORKLOADS = ("shared-prefix", "no-sharing")
 
@@ -192,6 +193,26 @@ def batch1_metrics(prompt_len: int, num_tokens: int, ttft_s: float, latency_s: f
     }
 
 
+def decode_step_metrics(records: list[Record], batch: int) -> dict[str, float]:
+    """The steps in which all `batch` requests decode: from the step that gave the last request its
+    first token until the first request finishes. Each such step gives every request one token, so
+    the gaps between a request's tokens there are the steps' durations."""
+    times = [[r.submitted_s + t for t in r.output.token_times] for r in records if r.output is not None]
+    gaps = [b - a for ts in times for a, b in zip(ts, ts[1:], strict=False)]
+    # Two requests' tokens of one step differ by the microseconds between their submissions: a
+    # tolerance of half the shortest step tells one step from the next.
+    slack = min(gaps, default=0.0) / 2
+    start, end = max(ts[0] for ts in times) - slack, min(ts[-1] for ts in times) + slack
+    steps = [b - a for ts in times for a, b in zip(ts, ts[1:], strict=False) if a >= start and b <= end]
+    step_s = percentile(steps, 50)
+    return {
+        "decode_step_ms": 1000 * step_s,
+        "decode_tok_per_s": batch / step_s,
+        "decode_step_ms_p90": 1000 * percentile(steps, 90),
+        "full_batch_steps": len(steps) / batch,
+    }
+
+
 def workload_metrics(workload: Workload, records: list[Record], total_s: float) -> dict[str, float]:
     """Metrics in the order they matter for the workload: the first four are plotted."""
     outputs = [r.output for r in records if r.output is not None]
@@ -208,6 +229,9 @@ def workload_metrics(workload: Workload, records: list[Record], total_s: float) 
         return batch1_metrics(
             prompt_tokens, output_tokens, record.ttft_s, record.finished_s - record.scheduled_s
         )
+    if workload.name == "decode-step":
+        batch = len(records)
+        return {**decode_step_metrics(records, batch), **throughput, **latency_metrics(ttfts, itls), **counts}
     if workload.name in SHARING_WORKLOADS:
         return {
             **throughput,
@@ -261,7 +285,11 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     module = importlib.import_module(args.engine)
     llm = module.LLM(args.model, device=args.device, dtype=args.dtype, **parse_engine_args(args.engine_arg))
     engine: StepEngine = llm if hasattr(llm, "step") else SerialEngine(llm)
-    workload = make_workload(args.workload, llm.config.vocab_size, args.seed, args.scale)
+    try:
+        settings = parse_engine_args(args.workload_arg)
+        workload = make_workload(args.workload, llm.config.vocab_size, args.seed, args.scale, **settings)
+    except (TypeError, ValueError) as err:
+        raise SystemExit(f"--workload-arg for {args.workload}: {err}") from err
     check_fits(workload, llm.config.max_context)
     drive(engine, warmup_workload(llm.config.vocab_size), progress=False)
     synchronize(llm.device)
@@ -432,6 +460,7 @@ def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str,
         "dtype": first["dtype"],
         **({"threads": first["threads"]} if "threads" in first else {}),
         **parse_engine_args(args.engine_arg),
+        **parse_engine_args(args.workload_arg),
         "repeats": len(runs),
     }
     return {
@@ -470,6 +499,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="passed to LLM(...), repeatable",
+    )
+    parser.add_argument(
+        "--workload-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to the workload generator, repeatable (batch=8 for decode-step)",
     )
     parser.add_argument("--repeats", type=int, default=1, help="fresh processes; metrics are medians")
     parser.add_argument("--name", default=None, help="result name (default: <group>_<workload>_<device>)")

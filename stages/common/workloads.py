@@ -10,6 +10,7 @@ Every generator is deterministic for a `seed` and takes the same three knobs:
 
     offline        Nano-vLLM's benchmark: 256 requests at t=0, input and output lengths in [100, 1024]
     latency        batch 1: one 512-token prompt, 128 greedy tokens
+    decode-step    a batch of B requests (512-token prompts) decoding together: the decode step's time
     shared-prefix  groups sharing a long system prompt, and multi-turn chat sessions
     no-sharing     shared-prefix's sizes with nothing shared: what a prefix cache costs when it never hits
     long-prompt    a few 16k-32k prompts arriving while many short requests decode
@@ -140,6 +141,26 @@ def latency(
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=o)
     items = [WorkItem(0.0, _random_ids(rng, p, vocab_size), params)]
     return Workload("latency", items, seed, scale, {"prompt_len": p, "output_len": o})
+
+
+def decode_step(
+    vocab_size: int, seed: int = 0, scale: float = 1.0, *, batch: int = 64, prompt_len: int = 512,
+    output_len: int = 128,
+) -> Workload:  # fmt: skip
+    """`batch` requests at t=0, each a `prompt_len`-token prompt and `output_len` greedy tokens.
+
+    Once the last prompt is prefilled, every step decodes all `batch` requests until the first
+    one finishes: the time of those steps is the decode step at batch size `batch`. `scale`
+    shrinks the lengths, never the batch, which is what the workload measures.
+    """
+    _check(vocab_size, scale)
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    rng = random.Random(seed)
+    p, o = scaled(prompt_len, scale), max(2, scaled(output_len, scale))  # two tokens: one step to time
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=o)
+    items = [WorkItem(0.0, _random_ids(rng, p, vocab_size), params) for _ in range(batch)]
+    return Workload("decode-step", items, seed, scale, {"batch": batch, "prompt_len": p, "output_len": o})
 
 
 def shared_prefix(
@@ -276,13 +297,17 @@ def _chat_params(max_tokens: int) -> SamplingParams:
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "offline": offline,
     "latency": latency,
+    "decode-step": decode_step,
     "shared-prefix": shared_prefix,
     "no-sharing": no_sharing,
     "long-prompt": long_prompt,
 }
 
 
-def make_workload(name: str, vocab_size: int, seed: int = 0, scale: float = 1.0) -> Workload:
+def make_workload(
+    name: str, vocab_size: int, seed: int = 0, scale: float = 1.0, **settings: float | int | str
+) -> Workload:
+    """The workload `name`; `settings` override its keyword sizes (`batch=8` for decode-step)."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
-    return WORKLOADS[name](vocab_size, seed, scale)
+    return WORKLOADS[name](vocab_size, seed, scale, **settings)

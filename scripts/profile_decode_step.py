@@ -1,0 +1,205 @@
+"""Profile one decode step of stage 05, eager and replayed from a CUDA graph, into a small JSON.
+
+    python scripts/profile_decode_step.py --model checkpoints/qwen3-0.6b-random --device cuda \\
+        --dtype bfloat16 --attn fi --page-size 16 --batch 1 --out benchmarks/profiles/h200
+    python scripts/render_profile.py    # the JSON files -> docs/assets/profiles/*.png for chapter 05
+
+`batch` requests with random `prompt_len`-token prompts are prefilled, a few decode steps warm
+both paths up, then the torch profiler records one whole engine step (`LLM.step()`: schedule,
+forward, sample) with the graphs switched off and one with them on. From each trace the script
+keeps, relative to the step's start: the host's CUDA calls (kernel launches, graph launches,
+copies, synchronisations) and the GPU's kernels and copies. That is what the chapter's figure
+draws: on the host, a thousand launches one after another; on the GPU, short kernels with gaps
+between them, waiting for the next launch.
+
+On a machine without CUDA the script still runs (with `--device cpu`, the graphs replaced by the
+stage's CPU stand-in): the trace has no GPU then, and the host lane shows the operators. That is
+only a check that the pipeline works, never a figure for the book.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import random
+import shlex
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # first: scripts/stages.py must not shadow the stages package
+
+STEP_LABEL = "decode step"
+HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+# ---------------------------------------------------------------------------------------------
+# From a chrome trace to the numbers we keep
+
+
+def host_kind(name: str) -> str:
+    """What a host-side CUDA call does, for the figure's colours."""
+    if "GraphLaunch" in name:
+        return "graph"
+    if "Launch" in name:
+        return "launch"
+    if "Synchronize" in name or "Memcpy" in name:
+        return "copy/sync"
+    return "other"
+
+
+def top_level(events: list[dict]) -> list[dict]:
+    """The events not nested inside another one of the list (per thread)."""
+    kept: list[dict] = []
+    ends: dict[Any, float] = {}
+    for e in sorted(events, key=lambda e: (e["ts"], -e.get("dur", 0))):
+        if e["ts"] >= ends.get(e.get("tid"), float("-inf")):
+            kept.append(e)
+            ends[e.get("tid")] = e["ts"] + e.get("dur", 0)
+    return kept
+
+
+def summarise_trace(trace: dict) -> dict[str, Any]:
+    """The step's window (the `decode step` annotation on the host), the host's CUDA calls in it,
+    and the GPU's work from its start on; times in microseconds from the step's start."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "ts" in e]
+    marks = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == STEP_LABEL]
+    if len(marks) != 1:
+        raise ValueError(f"expected one '{STEP_LABEL}' annotation in the trace, found {len(marks)}")
+    start, end = float(marks[0]["ts"]), float(marks[0]["ts"]) + float(marks[0]["dur"])
+
+    def inside(e: dict) -> bool:
+        return start <= float(e["ts"]) <= end
+
+    host = [e for e in events if e.get("cat") in HOST_CATEGORIES and inside(e)]
+    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES and float(e["ts"]) >= start]
+    if host:
+        host_lane = [[float(e["ts"]) - start, float(e["dur"]), host_kind(e["name"])] for e in host]
+    else:  # a CPU trace: no CUDA calls, the host lane shows the operators themselves
+        ops = top_level([e for e in events if e.get("cat") == "cpu_op" and inside(e)])
+        host_lane = [[float(e["ts"]) - start, float(e["dur"]), "operator"] for e in ops]
+    gpu_lane = [[float(e["ts"]) - start, float(e["dur"])] for e in sorted(gpu, key=lambda e: e["ts"])]
+    busy = union_length([(t, t + d) for t, d in gpu_lane])
+    return {
+        "step_ms": (end - start) / 1000,
+        "gpu_busy_ms": busy / 1000,
+        "gpu_kernels": sum(1 for e in gpu if e.get("cat") == "kernel"),
+        "launches": sum(1 for _, _, kind in host_lane if kind in ("launch", "graph")),
+        "host": [[round(t, 1), round(d, 1), kind] for t, d, kind in host_lane],
+        "gpu": [[round(t, 1), round(d, 1)] for t, d in gpu_lane],
+    }
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by the intervals (overlaps counted once)."""
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the engine under the profiler
+
+
+def profile_step(llm, device) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    with profile(activities=activities) as prof:
+        with record_function(STEP_LABEL):
+            llm.step()
+        sync()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return summarise_trace(json.loads(path.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default=None, help="HF folder (default: the default model)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--attn", default="auto")
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=1, help="requests decoding together")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--warmup-steps", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/profiles"), help="folder for the JSON")
+    parser.add_argument(
+        "--name", default=None, help="file name (default: stage05_decode_step_b<batch>_<device>)"
+    )
+    args = parser.parse_args(argv)
+
+    from stages.common.hardware import describe, versions
+    from stages.common.sampling import SamplingParams
+
+    stage = importlib.import_module("stages.05_cuda_graph")
+    graph = importlib.import_module("stages.05_cuda_graph.graph")
+    llm = stage.LLM(args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
+                    max_running_requests=max(args.batch, 1), cuda_graph_max_bs=args.batch)  # fmt: skip
+    stand_in = llm.runner.graphs is None
+    if stand_in:  # no CUDA: replay through the CPU stand-in, so both paths still run
+        llm.runner.graphs = graph.GraphRunner(llm.runner, args.batch, graph.EagerGraph)
+    graphs = llm.runner.graphs
+    rng = random.Random(0)
+    vocab = min(llm.config.vocab_size, 10_000)
+    steps = 2 * args.warmup_steps + 8
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=steps + 4)
+    for _ in range(args.batch):
+        llm.add_request([rng.randrange(vocab) for _ in range(args.prompt_len)], params)
+    while any(not r.output_ids for r in [*llm.scheduler.running, *llm.scheduler.waiting]):
+        llm.step()  # prefill (chunked if the prompts exceed the budget)
+    modes = {}
+    for mode, runner_graphs in (("eager", None), ("graph", graphs)):
+        llm.runner.graphs = runner_graphs
+        for _ in range(args.warmup_steps):
+            llm.step()
+        modes[mode] = profile_step(llm, llm.device)
+    llm.runner.graphs = graphs
+
+    hardware = describe()
+    device_name = hardware.get("gpu") or hardware.get("cpu")
+    result = {
+        "kind": "decode-step-profile",
+        "stage": "05_cuda_graph",
+        "model": Path(args.model).name if args.model else "SmolLM2-135M-Instruct",
+        "device": str(device_name),
+        "device_type": llm.device.type,
+        "stand_in": stand_in,
+        "batch": args.batch,
+        "prompt_len": args.prompt_len,
+        "attn": args.attn,
+        "dtype": str(llm.dtype).removeprefix("torch."),
+        "modes": modes,
+        "hardware": hardware,
+        "versions": versions(),
+        "command": shlex.join(["python", "scripts/profile_decode_step.py", *(argv or sys.argv[1:])]),
+        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    name = args.name or f"stage05_decode_step_b{args.batch}_{llm.device.type}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{name}.json"
+    path.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+    for mode, m in modes.items():
+        print(f"{mode:6} step {m['step_ms']:.2f} ms, GPU busy {m['gpu_busy_ms']:.2f} ms, "
+              f"{m['gpu_kernels']} kernels, {m['launches']} launches")  # fmt: skip
+    print(f"-> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
