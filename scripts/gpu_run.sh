@@ -12,6 +12,8 @@
 #   test-all      every GPU test (needs the model kit)
 #   bench-final   batch-1 decode and the offline workload, graphs/overlap on and off
 #   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
+#   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
+#   ladder        the results page's ladder: offline workload, every stage, final/, Mini-SGLang, Nano-vLLM
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=/tmp/site:.${PYTHONPATH:+:$PYTHONPATH}
@@ -24,6 +26,8 @@ ckpt=checkpoints/qwen3-0.6b-random
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[abhl][0-9]+' | head -1 | tr A-Z a-z)
 gpu=${GPU_TAG:-${gpu:-gpu}}
 results=benchmarks/results/$gpu
+# Every result of this call carries the same id: the results page compares only rows that share it.
+export BENCH_RUN_ID=${BENCH_RUN_ID:-gpu-$(date -u +%Y%m%dT%H%M%SZ)-$gpu}
 bench() { $py -m stages.common.bench --device cuda --dtype bfloat16 --model $ckpt --out $results --no-progress "$@"; }
 
 run_step() {
@@ -44,6 +48,24 @@ run_step() {
     peers)
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/bench_minisgl.py $ckpt fi
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/latency_minisgl.py $ckpt 8
+      ;;
+    bench-ch04)
+      ch04() { bench --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 "$@"; }
+      ch04 --engine-arg max_prefill_length=2048 --engine-arg chunk_policy=mixed --name stage04_long_prompt_mixed_2048_$gpu
+      ch04 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=mixed --name stage04_long_prompt_mixed_8192_$gpu
+      ch04 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_8192_$gpu
+      ch04 --engine-arg max_prefill_length=65536 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_unchunked_$gpu
+      ;;
+    ladder)
+      bench --engine stages.01_naive_generate --workload offline --max-requests 16 --name ladder_stage01_$gpu
+      for dir in stages/0[2-9]_*/; do
+        stage=$(basename "$dir")
+        bench --engine stages.$stage --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name ladder_stage${stage:0:2}_$gpu
+      done
+      bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name ladder_final_$gpu
+      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_peer.py --engine mini-sglang --model $ckpt --out $results --name ladder_minisgl_$gpu
+      PYTHONPATH=$PWD/.peers/nanovllm:$PYTHONPATH $py scripts/bench_peer.py --engine nano-vllm --model $ckpt --out $results --name ladder_nanovllm_$gpu \
+        || echo "Nano-vLLM did not run (it needs FlashAttention 2): its ladder row stays empty"
       ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
