@@ -7,7 +7,7 @@ PROMPT ?= What is the capital of France?
 ARGS ?=
 NOTEBOOKS := $(wildcard docs/notebooks/*.py)
 
-.PHONY: setup model run shell ask test test-cpu notebooks docs docs-gen docs-serve lint bench gpu-test clean
+.PHONY: setup model run shell ask test test-cpu notebooks notebooks-run docs docs-gen docs-assets docs-serve browser lint bench gpu-test clean
 
 # A virtual environment with the project and its test and docs extras. On a machine without CUDA
 # we install the CPU wheel of torch first: an unpinned torch would pull gigabytes of CUDA wheels.
@@ -38,24 +38,48 @@ shell: model
 ask: model
 	$(BIN)/python -m stages.01_naive_generate --chat --prompt "$(PROMPT)"
 
-# The whole CPU suite: unit and conformance tests, executed notebooks, and the strict docs build.
-test: model notebooks
-	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu" --nbmake tests build/notebooks
+# The whole CPU suite: unit and conformance tests, the notebooks executed (once: the site shows
+# these very runs), the strict docs build, and the built site checked in headless Chromium.
+test: model notebooks docs-assets browser
+	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu and not browser" --nbmake --overwrite tests $(EXECUTED)
+	@touch $(EXECUTED:.ipynb=.ran)
 	$(BIN)/mkdocs build --strict -q -d build/site
+	SITE_DIR=build/site $(BIN)/python -m pytest -q -m browser tests/test_site_browser.py
 
-notebooks: setup
+# The notebooks' sources are jupytext scripts (docs/notebooks/*.py); each becomes
+# build/notebooks/*.ipynb, rewritten only when its source changed.
+EXECUTED := $(patsubst docs/notebooks/%.py,build/notebooks/%.ipynb,$(NOTEBOOKS))
+build/notebooks/%.ipynb: docs/notebooks/%.py
 	@mkdir -p build/notebooks
-	@for nb in $(NOTEBOOKS); do $(BIN)/jupytext -q --to ipynb -o build/notebooks/$$(basename $$nb .py).ipynb $$nb; done
-	@touch build/notebooks/.keep
+	$(BIN)/jupytext -q --to ipynb -o $@ $<
+
+notebooks: setup $(EXECUTED)
+
+# Executes the notebooks whose source changed since their last run, in place (outputs kept).
+build/notebooks/%.ran: build/notebooks/%.ipynb
+	$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --overwrite $<
+	@touch $@
+
+notebooks-run: model notebooks $(EXECUTED:.ipynb=.ran)
+
+# MathJax and Mermaid, pinned, from the npm registry into docs/javascripts/vendor/ (not committed).
+docs-assets: setup
+	$(BIN)/python scripts/docs_assets.py
+
+# Headless Chromium from Debian's packages, for tests/test_site_browser.py; where it cannot be
+# installed the test skips and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: the browser test will skip"
 
 docs-gen: setup
 	$(BIN)/python scripts/render_diffs.py
 	$(BIN)/python scripts/render_results.py
 
-docs: docs-gen
+# The site in build/site: open build/site/index.html (file:// works), or make docs-serve.
+docs: docs-gen docs-assets notebooks-run
 	$(BIN)/mkdocs build --strict -d build/site
 
-docs-serve: docs-gen
+docs-serve: docs-gen docs-assets notebooks-run
 	$(BIN)/mkdocs serve
 
 lint: setup
