@@ -13,6 +13,7 @@
 #   bench-final   batch-1 decode and the offline workload, graphs/overlap on and off
 #   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
+#   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
 #   ladder        the results page's ladder: offline workload, every stage, final/, Mini-SGLang, Nano-vLLM
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +56,12 @@ run_step() {
       ch04 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=mixed --name stage04_long_prompt_mixed_8192_$gpu
       ch04 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_8192_$gpu
       ch04 --engine-arg max_prefill_length=65536 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_unchunked_$gpu
+      ;;
+    profile-ch01)
+      for engine in stages.01_naive_generate hf; do
+        tag=$([ $engine = hf ] && echo hf_ || true)
+        $py scripts/profile_decode.py --engine $engine --device cuda --dtype bfloat16 --model $ckpt --out $results --name stage01_profile_${tag}$gpu
+      done
       ;;
     ladder)
       bench --engine stages.01_naive_generate --workload offline --max-requests 16 --name ladder_stage01_$gpu

@@ -189,6 +189,7 @@ KEY_METRICS: dict[str, tuple[str, ...]] = {
     "long-prompt": ("short_itl_ms_max", "short_itl_ms_p999", "short_itl_ms_p99", "short_itl_ms_p50",
                     "long_ttft_ms_p50", "output_tok_per_s"),
     "online": ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99"),
+    "decode-profile": ("step_ms", "gpu_busy_ms_per_step", "cuda_kernels_per_step", "aten_ops_per_step"),
 }  # fmt: skip
 DEFAULT_KEY_METRICS = 4
 UNITS = (("_tok_per_s", "tok/s"), ("_ms", "ms"), ("_gb", "GB"), ("_s", "s"))

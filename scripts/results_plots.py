@@ -31,6 +31,7 @@ PLOT_METRICS: dict[str, tuple[str, ...]] = {
     "no-sharing": ("ttft_ms_p50", "itl_ms_p99"),
     "long-prompt": ("short_itl_ms_max", "short_itl_ms_p99", "short_itl_ms_p50", "long_ttft_ms_p50"),
     "online": ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50"),
+    "decode-profile": ("step_ms", "gpu_busy_ms_per_step"),
 }
 COLORS = ("#3f6fb5", "#e07b39", "#5aa469", "#a05195")
 PEER_COLOR = "#8c8c8c"

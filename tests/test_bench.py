@@ -291,3 +291,21 @@ def test_max_requests_serves_the_first_requests(tmp_path, tiny_qwen3_dir):
     )  # fmt: skip
     assert data["config"]["max_requests"] == 2 and data["metrics"]["requests"] == 2
     assert data["metrics"]["output_tokens"] == wl.offline(512, scale=0.02).head(2).max_output_tokens
+
+
+def test_decode_profile_counts_per_step(tmp_path, tiny_qwen3_dir):
+    """The profile's per-step figures are differences of two runs: they must not depend on how many
+    steps were measured (the operators of a decode step are the same every step)."""
+    from scripts import profile_decode
+
+    def ops(steps: int) -> dict[str, float]:
+        args = profile_decode.argparse.Namespace(
+            engine="stages.01_naive_generate", model=str(tiny_qwen3_dir), device="cpu", dtype="auto",
+            scale=0.1, steps=steps,
+        )  # fmt: skip
+        metrics, device, dtype = profile_decode.measure(args)
+        assert device == "cpu" and dtype == "float32" and "cuda_kernels_per_step" not in metrics
+        return metrics
+
+    two, four = ops(2), ops(4)
+    assert two["aten_ops_per_step"] == four["aten_ops_per_step"] > 50
