@@ -100,7 +100,7 @@ def plot_group(group: str, results: list[Result], target: Path) -> None:
 
 
 def _bars(ax, rows: list[Result], metrics: list[str]) -> None:
-    height = 0.8 / len(metrics)
+    height = 0.8 / len(metrics) if len(metrics) > 1 else 0.55  # one metric: a bar, not a block
     values = [r.metrics[m] for r in rows for m in metrics if _finite(r, m)]
     log = _use_log(values)
     for j, metric in enumerate(metrics):
