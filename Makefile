@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 PROMPT ?= What is the capital of France?
 ARGS ?=
 NOTEBOOKS := $(wildcard docs/notebooks/*.py)
-export NO_MKDOCS_2_WARNING := 1  # mkdocs-material's banner about its successor, on every build
+# No mkdocs-material banner about its successor on every build.
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup model run shell ask test test-cpu notebooks notebooks-run docs docs-gen docs-assets docs-serve browser lint bench gpu-test clean
 
