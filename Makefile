@@ -6,8 +6,10 @@ STAMP := $(VENV)/.installed
 PROMPT ?= What is the capital of France?
 ARGS ?=
 NOTEBOOKS := $(wildcard docs/notebooks/*.py)
+# No mkdocs-material banner about its successor on every build.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup model run shell ask test test-cpu notebooks docs docs-gen docs-serve lint bench gpu-test clean
+.PHONY: setup model run shell ask test test-cpu notebooks notebooks-run docs docs-gen docs-assets docs-serve browser lint bench gpu-test clean
 
 # A virtual environment with the project and its test and docs extras. On a machine without CUDA
 # we install the CPU wheel of torch first: an unpinned torch would pull gigabytes of CUDA wheels.
@@ -38,25 +40,49 @@ shell: model
 ask: model
 	$(BIN)/python -m stages.01_naive_generate --chat --prompt "$(PROMPT)"
 
-# The whole CPU suite: unit and conformance tests, executed notebooks, and the strict docs build.
-test: model notebooks
-	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu" --nbmake tests build/notebooks
+# The whole CPU suite: unit and conformance tests, the notebooks executed (once: the site shows
+# these very runs), the strict docs build, and the built site checked in headless Chromium.
+test: model notebooks docs-assets browser
+	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu and not browser" --nbmake --overwrite tests $(EXECUTED)
+	@touch $(EXECUTED:.ipynb=.ran)
 	$(BIN)/mkdocs build --strict -q -d build/site
+	SITE_DIR=build/site $(BIN)/python -m pytest -q -m browser tests/test_site_browser.py
 
-notebooks: setup
+# The notebooks' sources are jupytext scripts (docs/notebooks/*.py); each becomes
+# build/notebooks/*.ipynb, rewritten only when its source changed.
+EXECUTED := $(patsubst docs/notebooks/%.py,build/notebooks/%.ipynb,$(NOTEBOOKS))
+build/notebooks/%.ipynb: docs/notebooks/%.py
 	@mkdir -p build/notebooks
-	@for nb in $(NOTEBOOKS); do $(BIN)/jupytext -q --to ipynb -o build/notebooks/$$(basename $$nb .py).ipynb $$nb; done
-	@touch build/notebooks/.keep
+	$(BIN)/jupytext -q --to ipynb -o $@ $<
+
+notebooks: setup $(EXECUTED)
+
+# Executes the notebooks whose source changed since their last run, in place (outputs kept).
+build/notebooks/%.ran: build/notebooks/%.ipynb
+	$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --overwrite $<
+	@touch $@
+
+notebooks-run: model notebooks $(EXECUTED:.ipynb=.ran)
+
+# MathJax and Mermaid, pinned, from the npm registry into docs/javascripts/vendor/ (not committed).
+docs-assets: setup
+	$(BIN)/python scripts/docs_assets.py
+
+# Headless Chromium from Debian's packages, for tests/test_site_browser.py; where it cannot be
+# installed the test skips and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: the browser test will skip"
 
 docs-gen: setup
 	$(BIN)/python scripts/render_diffs.py
 	$(BIN)/python scripts/render_results.py
 	$(BIN)/python scripts/render_profile.py
 
-docs: docs-gen
+# The site in build/site: open build/site/index.html (file:// works), or make docs-serve.
+docs: docs-gen docs-assets notebooks-run
 	$(BIN)/mkdocs build --strict -d build/site
 
-docs-serve: docs-gen
+docs-serve: docs-gen docs-assets notebooks-run
 	$(BIN)/mkdocs serve
 
 lint: setup
@@ -69,6 +95,11 @@ lint: setup
 # One thread: on a machine shared with other work, more threads than free cores make every op
 # wait for a descheduled thread (10x slower steps, measured); one thread degrades gracefully.
 BENCH_THREADS ?= 1
+# Results of one make call share an id, so the results page knows which rows ran side by side.
+ifndef BENCH_RUN_ID
+BENCH_RUN_ID := make-$(shell date -u +%Y%m%dT%H%M%SZ)
+endif
+export BENCH_RUN_ID
 BENCH := $(BIN)/python -m stages.common.bench --device cpu --threads $(BENCH_THREADS)
 bench: model
 	$(BENCH) --engine stages.01_naive_generate --workload latency --scale 0.5 --repeats 3 --name stage01_latency_cpu
@@ -76,6 +107,23 @@ bench: model
 	$(BENCH) --engine stages.02_paged_kv --workload offline --scale 0.05 --name stage02_offline_cpu
 	$(BENCH) --engine stages.02_paged_kv --workload offline --scale 0.05 --engine-arg max_running_requests=1 --name stage02_offline_serial_cpu
 	$(BENCH) --engine stages.01_naive_generate --workload offline --scale 0.05 --name stage01_offline_cpu
+	$(BIN)/python scripts/render_results.py
+
+# Chapter 04's measurement on the CPU: the long-prompt workload under every policy and budget the
+# chapter discusses, 3 fresh processes each. Run it on a quiet machine (a few minutes per row at
+# scale 0.1); `make bench-ch04 CH04_SCALE=0.05 CH04_REPEATS=1 BENCH_OUT=/tmp/ch04` is a smoke run.
+CH04_SCALE ?= 0.1
+CH04_REPEATS ?= 3
+BENCH_OUT ?= benchmarks/results
+CH04 := $(BENCH) --engine stages.04_chunked_prefill --workload long-prompt --scale $(CH04_SCALE) --repeats $(CH04_REPEATS) --out $(BENCH_OUT) --no-progress
+.PHONY: bench-ch04
+bench-ch04: model
+	$(CH04) --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_unchunked_cpu
+	$(CH04) --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=mixed --name stage04_long_prompt_mixed_8192_cpu
+	$(CH04) --engine-arg max_prefill_length=256 --engine-arg chunk_policy=mixed --name stage04_long_prompt_mixed_256_cpu
+	$(CH04) --engine-arg max_prefill_length=64 --engine-arg chunk_policy=mixed --name stage04_long_prompt_mixed_64_cpu
+	$(CH04) --engine-arg max_prefill_length=256 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_256_cpu
+	$(CH04) --engine-arg max_prefill_length=64 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_64_cpu
 	$(BIN)/python scripts/render_results.py
 
 # GPU benchmarks on a CUDA host (its own Python with the GPU kit, no venv, no package index), with
@@ -98,10 +146,10 @@ bench-gpu:
 	$(BENCH_GPU) --engine stages.03_radix_cache --workload shared-prefix --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cache=naive --name stage03_shared_prefix_naive_$(GPU_TAG)
 	$(BENCH_GPU) --engine stages.03_radix_cache --workload no-sharing --engine-arg attn=fi --engine-arg page_size=16 --name stage03_no_sharing_radix_$(GPU_TAG)
 	$(BENCH_GPU) --engine stages.03_radix_cache --workload no-sharing --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cache=naive --name stage03_no_sharing_naive_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=2048 --name stage04_long_prompt_mixed_2048_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=8192 --name stage04_long_prompt_mixed_8192_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_8192_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=65536 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_unchunked_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=2048 --name stage04_long_prompt_mixed_2048_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=8192 --name stage04_long_prompt_mixed_8192_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_8192_$(GPU_TAG)
+	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=65536 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_unchunked_$(GPU_TAG)
 	for b in 1 8 64 256; do \
 	  $(BENCH_GPU) --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$$b --engine-arg attn=fi --engine-arg page_size=16 --name stage05_decode_b$${b}_graphs_$(GPU_TAG) && \
 	  $(BENCH_GPU) --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$$b --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_decode_b$${b}_eager_$(GPU_TAG) || exit 1; \
@@ -111,8 +159,22 @@ bench-gpu:
 	for b in 1 64; do $(GPU_PY) scripts/profile_decode_step.py --model $(GPU_MODEL) --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $$b --out benchmarks/profiles/$(GPU_TAG) || exit 1; done
 	$(BENCH_GPU) --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name final_offline_fi_$(GPU_TAG)
 	bash scripts/bench_final_online.sh $(GPU_MODEL) benchmarks/results/$(GPU_TAG) final_online_$(GPU_TAG)
+	$(MAKE) --no-print-directory bench-ladder GPU_PY=$(GPU_PY) GPU_TAG=$(GPU_TAG)
 	$(GPU_PY) scripts/render_results.py
 	$(GPU_PY) scripts/render_profile.py
+
+# The performance ladder of the results page: the offline workload on one GPU, every stage (found
+# by folder, so new stages join by themselves) and final/, then the peers in the same call (their
+# source in .peers/, see ../shared/peers/README.md). Stage 01 serves one request at a time: the
+# first 16 requests give its throughput without an hour's run.
+LADDER_STAGES = $(filter-out stages/01_naive_generate,$(sort $(wildcard stages/0[0-9]_*)))
+.PHONY: bench-ladder
+bench-ladder:
+	$(BENCH_GPU) --engine stages.01_naive_generate --workload offline --max-requests 16 --name ladder_stage01_$(GPU_TAG)
+	$(foreach s,$(LADDER_STAGES),$(BENCH_GPU) --engine stages.$(notdir $(s)) --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name ladder_stage$(shell echo $(notdir $(s)) | cut -c1-2)_$(GPU_TAG) &&) true
+	$(BENCH_GPU) --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name ladder_final_$(GPU_TAG)
+	PYTHONPATH=$(CURDIR)/.peers/minisgl:$(CURDIR) $(GPU_PY) scripts/bench_peer.py --engine mini-sglang --model $(GPU_MODEL) --out benchmarks/results/$(GPU_TAG) --name ladder_minisgl_$(GPU_TAG)
+	PYTHONPATH=$(CURDIR)/.peers/nanovllm:$(CURDIR) $(GPU_PY) scripts/bench_peer.py --engine nano-vllm --model $(GPU_MODEL) --out benchmarks/results/$(GPU_TAG) --name ladder_nanovllm_$(GPU_TAG) || echo "Nano-vLLM did not run (see above): its ladder row stays empty"
 
 # On a CUDA host: the GPU-marked tests; any skip is a failure there.
 gpu-test:

@@ -22,6 +22,9 @@
 #   bench-stage05-offline  stage 05's offline workload, graphs on and off
 #   profile-stage05  one decode step, eager and replayed, under the torch profiler (batch 1 and 64)
 #   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
+#   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
+#   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
+#   ladder        the results page's ladder: offline workload, every stage, final/, Mini-SGLang, Nano-vLLM
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The second entry: the CuTe DSL's `cutlass` (see scripts/device_kit.sh), which FlashAttention 4 imports.
@@ -35,6 +38,8 @@ ckpt=checkpoints/qwen3-0.6b-random
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[abhl][0-9]+' | head -1 | tr A-Z a-z)
 gpu=${GPU_TAG:-${gpu:-gpu}}
 results=benchmarks/results/$gpu
+# Every result of this call carries the same id: the results page compares only rows that share it.
+export BENCH_RUN_ID=${BENCH_RUN_ID:-gpu-$(date -u +%Y%m%dT%H%M%SZ)-$gpu}
 bench() { $py -m stages.common.bench --device cuda --dtype bfloat16 --model $ckpt --out $results --no-progress "$@"; }
 
 run_step() {
@@ -90,6 +95,30 @@ run_step() {
     peers)
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/bench_minisgl.py $ckpt fi
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/latency_minisgl.py $ckpt 8
+      ;;
+    bench-ch04)
+      ch04() { bench --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 "$@"; }
+      ch04 --engine-arg max_prefill_length=2048 --engine-arg chunk_policy=mixed --name stage04_long_prompt_mixed_2048_$gpu
+      ch04 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=mixed --name stage04_long_prompt_mixed_8192_$gpu
+      ch04 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_8192_$gpu
+      ch04 --engine-arg max_prefill_length=65536 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_unchunked_$gpu
+      ;;
+    profile-ch01)
+      for engine in stages.01_naive_generate hf; do
+        tag=$([ $engine = hf ] && echo hf_ || true)
+        $py scripts/profile_decode.py --engine $engine --device cuda --dtype bfloat16 --model $ckpt --out $results --name stage01_profile_${tag}$gpu
+      done
+      ;;
+    ladder)
+      bench --engine stages.01_naive_generate --workload offline --max-requests 16 --name ladder_stage01_$gpu
+      for dir in stages/0[2-9]_*/; do
+        stage=$(basename "$dir")
+        bench --engine stages.$stage --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name ladder_stage${stage:0:2}_$gpu
+      done
+      bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name ladder_final_$gpu
+      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_peer.py --engine mini-sglang --model $ckpt --out $results --name ladder_minisgl_$gpu
+      PYTHONPATH=$PWD/.peers/nanovllm:$PYTHONPATH $py scripts/bench_peer.py --engine nano-vllm --model $ckpt --out $results --name ladder_nanovllm_$gpu \
+        || echo "Nano-vLLM did not run (it needs FlashAttention 2): its ladder row stays empty"
       ;;
     *) echo "unknown step $1"; return 2 ;;
   esac

@@ -11,6 +11,7 @@ the same on every machine and can be committed.
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import re
 import sys
@@ -77,15 +78,41 @@ class FileChange:
     body: list[str]
 
 
-def _order(path: str) -> tuple[bool, str]:
-    # The lesson first; the files that describe the stage last.
-    return (path in IMPLICIT_CHANGED, path)
+def _plumbing(path: str) -> bool:
+    """Files that wire the lesson in rather than carry it: the command line and the stage's own
+    description. They come last."""
+    return path in IMPLICIT_CHANGED or Path(path).name == "__main__.py"
+
+
+def lesson_order(changes: list[FileChange]) -> list[FileChange]:
+    """The files that carry the lesson first: most lines changed first, plumbing last."""
+    return sorted(changes, key=lambda c: (_plumbing(c.path), -(c.added + c.removed), c.path))
+
+
+def stage_summary(stage: Path) -> list[str]:
+    """The stage's docstring without its title line: what changed, in the stage's own words."""
+    init = Path(stage) / "__init__.py"
+    if not init.is_file():
+        return []
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+    paragraphs = [" ".join(part.split()) for part in doc.split("\n\n")[1:] if part.strip()]
+    # File names as code, so `__main__.py` does not turn into a bold "main".
+    paragraphs = [_FILE_NAME.sub(r"`\1`", paragraph) for paragraph in paragraphs]
+    return [line for paragraph in paragraphs for line in (paragraph, "")]
+
+
+_FILE_NAME = re.compile(r"(?<![`\w/.])((?:[\w]+/)*\w+\.(?:py|md))(?![`\w])")
+
+
+def collapsed(title: str, body: list[str]) -> list[str]:
+    """A pymdownx.details block, closed until the reader opens it."""
+    return [f'??? abstract "{title}"', "", *(f"    {line}" if line else "" for line in body)]
 
 
 def file_changes(stage: Path, prev: Path) -> list[FileChange]:
     current, before = set(stage_files(stage)), set(stage_files(prev))
     changes: list[FileChange] = []
-    for path in sorted(current | before, key=_order):
+    for path in sorted(current | before):
         here, there = stage / path, prev / path
         language = LANGUAGES.get(Path(path).suffix, "text")
         if path not in before:
@@ -117,18 +144,24 @@ def file_changes(stage: Path, prev: Path) -> list[FileChange]:
 
 
 def render_stage_diff(stage: Path, prev: Path) -> str:
-    """The markdown fragment showing what ``stage`` changes relative to ``prev``."""
+    """The markdown fragment showing what ``stage`` changes relative to ``prev``: the stage's own
+    summary, a table of the files in lesson order with their lines changed, then each file's diff
+    in a collapsed block, in the same order."""
     stage, prev = Path(stage), Path(prev)
-    changes = file_changes(stage, prev)
+    changes = lesson_order(file_changes(stage, prev))
     number, prev_number = stage.name[:2], prev.name[:2]
     added = sum(c.added for c in changes)
     removed = sum(c.removed for c in changes)
-    out = [
-        HEADER,
-        "",
+    out = [HEADER, ""]
+    summary = stage_summary(stage)
+    if summary:
+        out += ['!!! info "What changed, in words (from the stage\'s docstring)"', ""]
+        out += [f"    {line}" if line else "" for line in summary]
+    out += [
         f"Stage {number} (`{stage.name}`) against stage {prev_number} (`{prev.name}`): "
         f"{len(changes)} file{'s' if len(changes) != 1 else ''} differ, +{added} -{removed} lines. "
-        f"Every file not listed is byte-identical to stage {prev_number}.",
+        f"Every file not listed is byte-identical to stage {prev_number}. The files that carry the lesson "
+        "come first; open a file to read its diff.",
         "",
     ]
     if not changes:
@@ -136,8 +169,11 @@ def render_stage_diff(stage: Path, prev: Path) -> str:
     out += ["| File | Change | Added | Removed |", "| --- | --- | ---: | ---: |"]
     out += [f"| `{c.path}` | {c.status} | +{c.added} | -{c.removed} |" for c in changes]
     for change in changes:
-        title = {"new": " (new)", "removed": " (removed)", "changed": ""}[change.status]
-        out += ["", f"### `{change.path}`{title}", "", *change.body]
+        what = {"new": "new", "removed": "removed", "changed": "changed"}[change.status]
+        out += [
+            "",
+            *collapsed(f"{change.path} · {what}, +{change.added} -{change.removed} lines", change.body),
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -146,9 +182,12 @@ def render_first_stage(stage: Path) -> str:
     stage = Path(stage)
     files = stage_files(stage)
     counts = {path: len(read_lines(stage / path)) for path in files}
-    out = [
-        HEADER,
-        "",
+    out = [HEADER, ""]
+    summary = stage_summary(stage)
+    if summary:
+        out += ['!!! info "The stage, in words (from its docstring)"', ""]
+        out += [f"    {line}" if line else "" for line in summary]
+    out += [
         f"Stage {stage.name[:2]} (`{stage.name}`) is the first stage: there is no previous stage to "
         "compare with, so every file is new. Later chapters show here exactly what their stage changes.",
         "",
@@ -161,7 +200,8 @@ def render_first_stage(stage: Path) -> str:
         "| File | Lines |",
         "| --- | ---: |",
     ]
-    out += [f"| `{path}` | {counts[path]} |" for path in sorted(files, key=_order)]
+    ordered = sorted(files, key=lambda path: (_plumbing(path), -counts[path], path))
+    out += [f"| `{path}` | {counts[path]} |" for path in ordered]
     return "\n".join(out) + "\n"
 
 

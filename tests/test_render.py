@@ -50,15 +50,15 @@ def test_no_results_still_gives_every_page(tmp_path: Path) -> None:
     generated = root / "docs" / "generated"
     assert sorted(p.name for p in generated.iterdir()) == [
         "all_results.md",
+        "ladder.md",
         "results_stage01.md",
         "results_stage02.md",
     ]
     assert "No benchmark results yet" in (generated / "all_results.md").read_text()
     assert "No benchmark results for `stage02` yet" in (generated / "results_stage02.md").read_text()
-    assert not (root / "docs" / "assets" / "plots").exists() or not any(
-        (root / "docs/assets/plots").iterdir()
-    )
-    assert all(line.startswith("wrote") for line in report)
+    # Only the ladder's plot, every row of it saying "next GPU run".
+    assert [p.name for p in (root / "docs/assets/plots").iterdir()] == ["ladder.png"]
+    assert all(line.startswith(("wrote", "plotted")) for line in report)
     assert rr.stale_files(root) == []
 
 
@@ -80,31 +80,147 @@ def test_results_are_grouped_by_name_prefix(tmp_path: Path) -> None:
     stage01 = (generated / "results_stage01.md").read_text()
     final = (generated / "results_final.md").read_text()
 
-    assert "### Workload `offline`" in stage01
-    assert "| Result | Stage | Config | output_tok_per_s | ttft_ms_p50 |" in stage01
-    # Only the config that differs between rows is a column; the rest is stated once.
-    assert "| `stage01_offline_bf16` | `01_naive_generate` | dtype=bfloat16 | 99.50 | 12.00 |" in stage01
-    assert "| `stage01_offline_cpu` | `01_naive_generate` |  | 1,235 | 0.0421 |" in stage01
-    assert "Config of every row: `attn=torch`, `device=cpu`, `scale=0.01`." in stage01
+    # One table per device and workload, with short row labels and the columns the chapter reads.
+    assert "### CPU · `offline`" in stage01
+    assert "| Run | output (tok/s) | TTFT p50 (ms) |" in stage01
+    assert "| bf16 | 99.50 | 12 |" in stage01
+    assert "| stage 01 | 1,235 | 0.0421 |" in stage01
+    assert "The rows differ in `dtype`. Every row: `attn=torch`, `device=cpu`, `scale=0.01`." in stage01
+    # Everything else behind a collapsed block: full names, config, every metric, where, how.
+    assert '??? note "All metrics, settings and commands (CPU, `offline`)"' in stage01
+    assert "    | `stage01_offline_bf16` | `01_naive_generate` | dtype=bfloat16 | 99.50 | 12 |" in stage01
     assert (
-        "Measured on: CPU `Test CPU 9000`; no GPU; cpu_count `8`; python `3.12.3`, torch `2.11.0`" in stage01
+        "    Measured on: CPU `Test CPU 9000`; no GPU; cpu_count `8`; python `3.12.3`, torch `2.11.0`"
+        in stage01
     )
     assert "`python -m stages.common.bench stage01 --scale 0.01`" in stage01
-    assert "![Benchmark results of stage01](../assets/plots/stage01.png)" in stage01
+    assert (
+        "![Benchmark results of stage01: one panel per device and workload](../assets/plots/stage01.png)"
+        in stage01
+    )
     assert "final-offline" not in stage01
 
-    assert "| `final-offline` | `final` | 21,000 |" in final
+    assert "### H200 · `offline`" in final and "| final-offline | 21,000 |" in final
     assert "GPU `NVIDIA H200`" in final
     assert "No benchmark results for `stage02` yet" in (generated / "results_stage02.md").read_text()
 
     everything = (generated / "all_results.md").read_text()
     assert everything.index("## `stage01`") < everything.index("## `final`")
     assert "## `stage02`" not in everything
-    assert "![Benchmark results of final](assets/plots/final.png)" in everything
+    assert "(assets/plots/final.png)" in everything
 
     plots = root / "docs" / "assets" / "plots"
-    assert sorted(p.name for p in plots.iterdir()) == ["final.png", "stage01.png"]
+    assert sorted(p.name for p in plots.iterdir()) == ["final.png", "ladder.png", "stage01.png"]
     assert (plots / "stage01.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_cpu_and_gpu_never_share_a_table_or_a_panel(tmp_path: Path) -> None:
+    root = make_repo(tmp_path)
+    write(root, "a.json", result("stage02_offline_cpu", stage="02_paged_kv"))
+    gpu = {"cpu": "Xeon", "gpu": "NVIDIA H200"}
+    write(root, "b.json", result("stage02_offline_fi_h200", stage="02_paged_kv", hardware=gpu))
+    write(root, "c.json", result("stage02_latency_h200", stage="02_paged_kv", workload="latency", hardware=gpu,
+                                 metrics={"decode_step_ms": 22.0, "ttft_ms": 35.0, "total_s": 2.9}))  # fmt: skip
+    page = rr.render_markdown(root)[Path("docs/generated/results_stage02.md")]
+    cpu, h200 = page.index("### CPU · `offline`"), page.index("### H200 · `offline`")
+    assert cpu < h200 and page.index("### H200 · `latency`") < cpu  # workloads by name, CPU first
+    assert page[cpu:h200].count("\n| ") == 3 and "| fi |" in page[h200:]
+    assert "| Run | decode step (ms) | TTFT (ms) |" in page  # total_s is not a key column of latency
+    panels = rr.results_plots.panels(rr.group_results(root)["stage02"])
+    assert [(d, w, [r.name for r in rows], m) for d, w, rows, m in panels] == [
+        ("CPU", "offline", ["stage02_offline_cpu"], ["output_tok_per_s"]),
+        ("H200", "latency", ["stage02_latency_h200"], ["decode_step_ms", "ttft_ms"]),
+        ("H200", "offline", ["stage02_offline_fi_h200"], ["output_tok_per_s"]),
+    ]
+
+
+def test_repeats_show_their_spread_and_long_prompt_reads_the_worst_gap(tmp_path: Path) -> None:
+    root = make_repo(tmp_path, ("04_chunked_prefill",))
+    metrics = {
+        "short_itl_ms_max": 500.0,
+        "short_itl_ms_p999": 480.0,
+        "short_itl_ms_p99": 10.0,
+        "short_itl_ms_p50": 9.0,
+        "long_ttft_ms_p50": 900.0,
+        "output_tok_per_s": 50.0,
+        "total_s": 3.0,
+    }
+    runs = [dict(metrics, short_itl_ms_max=v) for v in (450.0, 500.0, 610.0)]  # fmt: skip
+    write(root, "x.json", result("stage04_long_prompt_unchunked_cpu", stage="04_chunked_prefill",
+                                 workload="long-prompt", metrics=metrics, runs=runs))  # fmt: skip
+    page = rr.render_markdown(root)[Path("docs/generated/results_stage04.md")]
+    assert ("| Run | short ITL max (ms) | short ITL p99.9 (ms) | short ITL p99 (ms) | short ITL p50 (ms) "
+            "| long TTFT p50 (ms) | output (tok/s) |") in page  # fmt: skip
+    assert "| unchunked | 500 (450–610) | 480 | 10 | 9 | 900 | 50 |" in page
+    assert "median over the repeats, with the lowest and highest in brackets" in page
+
+
+def test_labels_and_units() -> None:
+    assert rr.metric_label("short_itl_ms_max") == "short ITL max (ms)"
+    assert rr.metric_label("output_tok_per_s") == "output (tok/s)"
+    assert rr.metric_label("total_s") == "total (s)"
+    assert rr.metric_label("peak_memory_gb") == "peak memory (GB)"
+    assert rr.metric_label("cache_hit_rate") == "cache hit rate"
+    assert rr.metric_label("computed_prefill_tokens") == "computed prefill tokens"
+    assert rr.metric_label("ttft_ms_p50") == "TTFT p50 (ms)"
+
+    def labelled(name: str, **kw: Any) -> str:
+        return rr.short_label(rr.parse_result(result(name, **kw), name))
+
+    gpu = {"cpu": "Xeon", "gpu": "NVIDIA H200"}
+    assert (
+        labelled("stage04_long_prompt_mixed_2048_h200", workload="long-prompt", hardware=gpu) == "mixed 2048"
+    )
+    assert labelled("stage01_latency_hf_cpu", workload="latency") == "hf"
+    assert labelled("stage01_latency_cpu", workload="latency") == "stage 01"
+    assert labelled("final_online_h200_rate16", stage="final", workload="online", hardware=gpu) == "rate16"
+    assert labelled("stage01_x_cpu", label="my label") == "my label"
+
+
+# ---------------------------------------------------------------------------------------------
+# The performance ladder
+
+
+def ladder_result(name: str, stage: str, tok_s: float, **overrides: Any) -> dict[str, Any]:
+    return result(name, stage=stage, metrics={"output_tok_per_s": tok_s, "total_s": 1.0},
+                  config={"scale": 1.0, "attn": "fi", "device": "cuda"},
+                  hardware={"cpu": "Xeon", "gpu": "NVIDIA H200"}, **overrides)  # fmt: skip
+
+
+def test_the_ladder_has_a_row_per_stage_and_peer_and_says_what_is_missing(tmp_path: Path) -> None:
+    root = make_repo(tmp_path, ("01_naive_generate", "02_paged_kv", "03_radix_cache"))
+    write(root, "h200/a.json", ladder_result("stage02_offline_fi_h200", "02_paged_kv", 5000.0))
+    write(root, "h200/b.json", ladder_result("ladder_stage02_h200", "02_paged_kv", 6000.0, run_id="c1"))
+    write(root, "h200/c.json", ladder_result("ladder_final_h200", "final", 9000.0, run_id="c1"))
+    write(root, "h200/d.json", ladder_result("ladder_minisgl_h200", "mini-sglang", 18000.0, run_id="c1"))
+    write(root, "h200/e.json", ladder_result("ladder_stage03_h200", "03_radix_cache", 7500.0, run_id="c0"))
+    small = ladder_result("stage01_offline_h200", "01_naive_generate", 45.0)
+    small["config"]["scale"] = 0.25  # not the ladder's workload
+    write(root, "h200/f.json", small)
+    write(root, "g.json", result("stage02_offline_cpu", stage="02_paged_kv"))  # a CPU row is no rung
+    page = rr.render_markdown(root)[Path("docs/generated/ladder.md")]
+    rows = [line for line in page.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| 01 · naive generate", "| 02 · paged kv", "| 03 · radix cache", "| final/",
+        "| *Mini-SGLang* (reference)", "| *Nano-vLLM* (reference)",
+    ]  # fmt: skip
+    assert rows[0] == "| 01 · naive generate | next GPU run |  |  |  |  |"
+    assert rows[1].startswith("| 02 · paged kv | 6,000 |  | 0.33× |")  # the ladder's own run wins
+    assert rows[2].startswith("| 03 · radix cache | 7,500 | 1.25× |  |")  # another call: no ratio to the peer
+    assert rows[3].startswith("| final/ | 9,000 | 1.20× | 0.50× |")
+    assert rows[4].startswith("| *Mini-SGLang* (reference) | 18,000 |  |  |")
+    assert "next GPU run" in rows[5]
+    # The ladder's own files stay off the other pages.
+    assert "ladder_final_h200" not in rr.render_markdown(root)[Path("docs/generated/all_results.md")]
+    rr.write_all(root)
+    assert (root / "docs/assets/plots/ladder.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_new_stage_joins_the_ladder_by_existing(tmp_path: Path) -> None:
+    root = make_repo(tmp_path, ("01_naive_generate", "05_cuda_graph"))
+    page = rr.render_markdown(root)[Path("docs/generated/ladder.md")]
+    assert "### GPU · `offline`" in page  # no GPU result at all yet: one empty ladder
+    assert "| 05 · cuda graph | next GPU run |" in page
 
 
 def test_rendering_is_deterministic(tmp_path: Path) -> None:
@@ -169,8 +285,8 @@ def test_missing_key_and_broken_json(tmp_path: Path) -> None:
 def test_formatting_helpers() -> None:
     assert rr.group_of("stage01_offline") == "stage01"
     assert rr.group_of("final-online.h200") == "final"
-    assert [rr.format_metric(v) for v in (16543.2, 123.45, 1.6789, 0.0, 0.01234, float("nan"))] == [
-        "16,543", "123.5", "1.68", "0.00", "0.0123", "n/a",
+    assert [rr.format_metric(v) for v in (16543.2, 123.45, 1.6789, 0.0, 0.01234, float("nan"), 7.0)] == [
+        "16,543", "123.5", "1.68", "0", "0.0123", "n/a", "7",
     ]  # fmt: skip
     assert rr.code("a`b") == "`` a`b ``"
     assert rr.cell("a|b") == "a\\|b"

@@ -266,12 +266,26 @@ def test_diff_fragment_shows_exactly_the_changes(tmp_path: Path) -> None:
         changed=("model.py", "pages.py"), removed=("sampling.py",),
     )  # fmt: skip
     text = render_diffs.render_stage_diff(stage, prev)
-    assert "| `model.py` | changed | +1 | -1 |" in text
-    assert "| `pages.py` | new | +2 | -0 |" in text
-    assert "| `sampling.py` | removed | +0 | -2 |" in text
-    assert "```diff\n--- 01_a/model.py\n+++ 02_b/model.py\n" in text
-    assert "-    return 1\n+    return 2\n```" in text
-    assert "```python\nA = 1\nB = 2\n```" in text
+    table = [line for line in text.splitlines() if line.startswith("| `")]
+    # The files that carry the lesson first (most lines changed), the stage's description last.
+    assert table == [
+        "| `model.py` | changed | +1 | -1 |",
+        "| `pages.py` | new | +2 | -0 |",
+        "| `sampling.py` | removed | +0 | -2 |",
+        "| `__init__.py` | changed | +3 | -2 |",  # the most lines, and still last
+    ]
+    # Each file's diff in a collapsed block, in the same order.
+    blocks = [line for line in text.splitlines() if line.startswith("??? abstract")]
+    assert blocks[0] == '??? abstract "model.py · changed, +1 -1 lines"'
+    assert [b.split('"')[1].split(" ·")[0] for b in blocks] == [
+        "model.py",
+        "pages.py",
+        "sampling.py",
+        "__init__.py",
+    ]
+    assert "    ```diff\n    --- 01_a/model.py\n    +++ 02_b/model.py\n" in text
+    assert "    -    return 1\n    +    return 2\n    ```" in text
+    assert "    ```python\n    A = 1\n    B = 2\n    ```" in text
     assert text == render_diffs.render_stage_diff(stage, prev)  # deterministic
     first = render_diffs.render_first_stage(prev)
     assert "first stage" in first and "| `model.py` | 2 |" in first
@@ -303,10 +317,27 @@ def test_diff_fragment_survives_snippets(tmp_path: Path) -> None:
     (tmp_path / "diff.md").write_text(render_diffs.render_stage_diff(stage, prev))
     (tmp_path / "page.md").write_text('--8<-- "diff.md"\n')
     md = markdown.Markdown(
-        extensions=["pymdownx.snippets", "pymdownx.superfences"],
+        extensions=["pymdownx.snippets", "pymdownx.superfences", "pymdownx.details", "admonition"],
         extension_configs={"pymdownx.snippets": {"base_path": [str(tmp_path)], "check_paths": True}},
     )
     rendered = html.unescape(re.sub(r"<[^>]+>", "", md.convert((tmp_path / "page.md").read_text())))
     for line in source:
         assert f"\n{line}\n" in rendered, f"{line!r} of a new or removed file was not rendered as written"
         assert f"\n-{line}\n" in rendered, f"{line!r} of a diff was not rendered as written"
+
+
+def test_diff_fragment_starts_with_the_stage_in_its_own_words(tmp_path: Path) -> None:
+    prev = make_stage(tmp_path, "01_a", BASE)
+    stage = make_stage(
+        tmp_path, "02_b", {**BASE, "model.py": "def forward():\n    return 2\n"}, changed=("model.py",)
+    )
+    init = stage / "__init__.py"
+    init.write_text(
+        '"""Stage 02: the title line.\n\nPages instead of a buffer,\nso requests share one pool.\n\n'
+        'Changed from stage 01: model.py and __main__.py.\n"""\n' + init.read_text().split('"""', 2)[2]
+    )
+    text = render_diffs.render_stage_diff(stage, prev)
+    summary = text.split("Stage 02 (`02_b`)")[0]
+    assert "the title line" not in summary
+    assert "    Pages instead of a buffer, so requests share one pool.\n" in summary
+    assert "    Changed from stage 01: `model.py` and `__main__.py`.\n" in summary

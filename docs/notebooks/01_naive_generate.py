@@ -107,6 +107,48 @@ for _ in range(max_new - 1):
 print(repr(llm.tokenizer.decode(tokens)), " cached tokens:", cache.length)
 
 # %% [markdown]
+# ## Why prefill is cheap per token and decode is not
+#
+# Time one forward pass over $n$ new tokens, for $n$ from 1 (a decode step) to 256 (a short
+# prompt), each into a fresh cache. A pass reads every weight once whatever $n$ is, so the time
+# per token falls as $n$ grows, until the arithmetic, not the reading, is what takes the time.
+# These are timings of your machine, as it is right now: a busy CPU makes them noisy, but the
+# shape is what matters.
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+
+sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+pass_ms = []
+threads = torch.get_num_threads()
+torch.set_num_threads(1)  # one thread: steadier on a machine that runs other work too
+with torch.inference_mode():
+    for n in sizes:
+        best = float("inf")
+        for _ in range(3):  # the fastest of three: the least disturbed by whatever else runs
+            scratch = kv_cache.ContiguousKVCache(config, n, llm.device, llm.dtype)
+            start = time.perf_counter()
+            llm.model(torch.arange(n) % 1000, torch.arange(n), scratch)
+            best = min(best, time.perf_counter() - start)
+        pass_ms.append(1000 * best)
+torch.set_num_threads(threads)
+
+fig, ax = plt.subplots(figsize=(7, 3.2))
+ax.loglog(sizes, pass_ms, "o-", color="#3f6fb5", label="one forward pass")
+ax.loglog(
+    sizes, [t / n for t, n in zip(pass_ms, sizes, strict=True)], "s-", color="#e07b39", label="per token"
+)
+ax.set_xlabel("tokens in the pass (1 = a decode step)")
+ax.set_ylabel("ms (log scale)")
+ax.legend()
+ax.grid(alpha=0.3, which="both")
+fig.tight_layout()
+plt.show()
+print(f"per token: {pass_ms[0]:.1f} ms at n=1, {pass_ms[-1] / sizes[-1]:.2f} ms at n={sizes[-1]}")
+
+# %% [markdown]
 # ## The whole loop: `generate_one`
 #
 # The engine does the same, with sampling, stop conditions and streaming text. Greedy decoding

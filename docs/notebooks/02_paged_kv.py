@@ -106,6 +106,7 @@ llm.scheduler.schedule = recording_schedule
 arrivals = {0: [0, 1, 2, 3], 5: [4, 5]}  # step -> prompts added before that step
 rid_of: dict[int, int] = {}
 results = {}
+free_pages = []  # after each step, for the plot below
 snapshots = {6: [], 20: []}  # steps after which we copy the page table of the running requests
 step = 0
 while step <= max(arrivals) or llm.has_unfinished():
@@ -119,6 +120,7 @@ while step <= max(arrivals) or llm.has_unfinished():
         f"step {step:2}  {kind} requests {[r.rid for r in batch.requests]}  tokens {batch.num_tokens:3}  "
         f"free pages {llm.runner.allocator.num_free:2}" + (f"  finished {done}" if done else "")
     )
+    free_pages.append(llm.runner.allocator.num_free)
     for rid, out in finished:
         results[rid_of[rid]] = out
     if step in snapshots:
@@ -127,6 +129,31 @@ while step <= max(arrivals) or llm.has_unfinished():
             for r in llm.scheduler.running
         ]
     step += 1
+
+# %% [markdown]
+# The same run as a picture: how many requests each step computed and how many tokens (a
+# prefill step computes whole prompts, a decode step one token per request), and the free pages
+# left after it. Pages go when prompts are admitted and as answers grow, and come back the step a
+# request finishes.
+
+# %%
+import matplotlib.pyplot as plt
+
+steps = range(len(batches))
+fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 4.5), sharex=True)
+colors = ["#e07b39" if b.is_prefill else "#3f6fb5" for b in batches]
+top.bar(steps, [b.num_tokens for b in batches], color=colors)
+top.set_yscale("log")
+top.set_ylabel("tokens in the step\n(log scale)")
+top.set_title("orange: prefill steps, blue: decode steps", loc="left", fontsize=9)
+for x, b in zip(steps, batches, strict=True):
+    top.annotate(str(len(b.requests)), (x, b.num_tokens), ha="center", va="bottom", fontsize=7)
+bottom.step(steps, free_pages, where="mid", color="#5aa469")
+bottom.set_ylabel("free pages\nafter the step")
+bottom.set_xlabel("step (the number above a bar: requests in that step)")
+bottom.set_ylim(0, llm.runner.allocator.num_pages)
+fig.tight_layout()
+plt.show()
 
 # %% [markdown]
 # Every step is either a **prefill** of newly admitted prompts (many tokens) or a **decode** of

@@ -99,11 +99,21 @@ cache.lock(handle)
 draw(cache)
 
 # %% [markdown]
-# When the pool runs dry, **eviction** drops unlocked leaves, least recently used first. The leaf
-# `5 6` goes, then `4`; nothing on the locked path does, however much is asked for:
+# When the pool runs dry, **eviction** drops unlocked leaves, least recently used first. The two
+# leaves are `4` (page 13), last used by the first insert, and `5 6` (pages 22, 23), inserted
+# after it: the match that split `3 4` stamped only the nodes it used, `1 2` and `3`. So `4` is
+# the older and goes first, then `5 6`; nothing on the locked path goes, however much is asked
+# for. Evicting one page at a time shows the order:
 
 # %%
-print("evicted:", cache.evict(10), "   evictable left:", cache.evictable_pages)
+print(
+    "evict(1):",
+    cache.evict(1),
+    "  then evict(10):",
+    cache.evict(10),
+    "   evictable left:",
+    cache.evictable_pages,
+)
 draw(cache)
 cache.unlock(handle)
 print("after unlock, evictable:", cache.evictable_pages)
@@ -168,12 +178,29 @@ draw(llm.scheduler.cache, as_text)
 # answer are in the tree, so only the new message is computed: `cached_tokens` grows turn by turn.
 
 # %%
-messages = []
+messages, turns = [], []
 for user in ["Hi! What is the capital of France?", "And of Germany?", "Which of the two is larger?"]:
     messages.append({"role": "user", "content": user})
     out = llm.generate([tok.encode_chat(messages)], params)[0]
     messages.append({"role": "assistant", "content": out.text})
+    turns.append((out.cached_tokens, len(out.prompt_ids)))
     print(f"{out.cached_tokens:3} of {len(out.prompt_ids):3} cached | {user} -> {out.text.strip()!r}")
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(7, 2.6))
+labels = [f"turn {k + 1}" for k in range(len(turns))]
+cached = [c for c, _ in turns]
+computed = [n - c for c, n in turns]
+ax.barh(labels, cached, color="#5aa469", label="from the cache")
+ax.barh(labels, computed, left=cached, color="#e07b39", label="computed")
+ax.invert_yaxis()
+ax.set_xlabel("prompt tokens")
+ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+ax.set_title("Each turn resends the conversation; only the new part is computed", loc="left", fontsize=9)
+fig.tight_layout()
+plt.show()
 
 # %% [markdown]
 # ## Radix against naive

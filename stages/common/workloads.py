@@ -66,6 +66,17 @@ class Workload:
     def max_output_tokens(self) -> int:
         return sum(item.params.max_tokens for item in self.items)
 
+    def head(self, n: int) -> Workload:
+        """The first `n` requests: the same requests, fewer of them. For an engine that serves one
+        request at a time, whose throughput does not depend on how many there are, but whose full
+        run would take an hour. Generators list a chat's turns in order, so a later turn is never
+        kept without the turns before it."""
+        if n < 1:
+            raise ValueError(f"a workload needs at least one request, got {n}")
+        return Workload(
+            self.name, self.items[:n], self.seed, self.scale, {**self.settings, "max_requests": n}
+        )
+
     @property
     def longest_request(self) -> int:
         """Prompt plus output tokens of the largest request: what an engine's context must hold."""

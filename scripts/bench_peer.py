@@ -1,0 +1,192 @@
+"""The offline workload on a peer engine (Mini-SGLang or Nano-vLLM), as a result file of our schema.
+
+    python scripts/bench_peer.py --engine mini-sglang --model checkpoints/qwen3-0.6b-random \
+        --out benchmarks/results/h200 --name ladder_minisgl_h200
+
+The performance ladder on the results page puts these rows beside ours. The requests are our
+`offline` workload at scale 1, which is Nano-vLLM's own bench.py draw for draw (256 requests, input
+and output lengths uniform in [100, 1024], random ids below 10,000, temperature 0.6, ignore_eos,
+seed 0), so every engine serves exactly the same tokens. Each repeat runs in a fresh process; the
+throughput counts the output tokens asked for (`ignore_eos` makes them exact) over the wall time
+of one `generate` call, after a warm-up, as both projects' benchmarks do.
+
+The peer's package must be importable (its source folder on PYTHONPATH, e.g. `.peers/minisgl`,
+see scripts/gpu_run.sh). We call its public offline API only; none of its code is copied here.
+Nano-vLLM needs FlashAttention 2 (`flash_attn.flash_attn_varlen_func`); where that is missing the
+run stops with one line saying so, and the ladder row keeps saying "next GPU run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# Before this script's own folder, whose stages.py would shadow the stages package.
+sys.path.insert(0, str(ROOT))
+
+PEERS = {"mini-sglang": "minisgl", "nano-vllm": "nanovllm"}
+RUN_ID_ENV = "BENCH_RUN_ID"  # the same variable as stages.common.bench
+
+
+def peer_requests(model: Path, seed: int, scale: float) -> tuple[list[list[int]], list[int], float]:
+    from stages.common.workloads import offline
+
+    config = json.loads((model / "config.json").read_text())
+    workload = offline(config["vocab_size"], seed, scale)
+    prompts = [item.prompt_ids for item in workload.items]
+    return prompts, [item.params.max_tokens for item in workload.items], workload.items[0].params.temperature
+
+
+def run_minisgl(
+    model: Path, prompts: list[list[int]], outs: list[int], temperature: float, attn: str
+) -> float:
+    import torch
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    # The settings of ../shared/peers/bench_minisgl.py: graphs up to 256, page size 1 for FlashInfer.
+    llm = LLM(
+        str(model), dtype=torch.bfloat16, max_seq_len_override=4096, max_extend_tokens=16384,
+        cuda_graph_max_bs=256, page_size=1 if attn == "fi" else 256, attention_backend=attn,
+    )  # fmt: skip
+    params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n) for n in outs]
+    llm.generate([[1, 2, 3]], SamplingParams(temperature=0.1, max_tokens=8))  # warm-up
+    synchronize()
+    start = time.perf_counter()
+    llm.generate(prompts, params)
+    synchronize()
+    return time.perf_counter() - start
+
+
+def run_nanovllm(
+    model: Path, prompts: list[list[int]], outs: list[int], temperature: float, attn: str
+) -> float:
+    try:
+        from nanovllm import LLM, SamplingParams
+    except ImportError as exc:  # its attention imports flash_attn 2 at module level
+        raise SystemExit(
+            f"Nano-vLLM cannot be imported ({exc}); it needs FlashAttention 2 and xxhash"
+        ) from exc
+    llm = LLM(str(model), enforce_eager=False, max_model_len=4096)  # its bench.py's settings
+    params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n) for n in outs]
+    llm.generate([[1, 2, 3]], SamplingParams(temperature=0.6, max_tokens=8), use_tqdm=False)  # warm-up
+    synchronize()
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    synchronize()
+    return time.perf_counter() - start
+
+
+RUNNERS = {"mini-sglang": run_minisgl, "nano-vllm": run_nanovllm}
+
+
+def synchronize() -> None:
+    import torch
+
+    if (
+        torch.cuda.is_available()
+    ):  # the peers run on CUDA; a CPU stand-in (the tests') has nothing to wait for
+        torch.cuda.synchronize()
+
+
+def child(args: argparse.Namespace) -> None:
+    from stages.common.hardware import describe, versions
+
+    prompts, outs, temperature = peer_requests(args.model, args.seed, args.scale)
+    seconds = RUNNERS[args.engine](args.model, prompts, outs, temperature, args.attn)
+    metrics = {"output_tok_per_s": sum(outs) / seconds, "total_s": seconds, "requests": len(prompts),
+               "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(outs)}  # fmt: skip
+    Path(args.child_out).write_text(
+        json.dumps({"metrics": metrics, "hardware": describe(), "versions": versions()})
+    )
+
+
+def run_once(argv: list[str], repeat: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", "--child-out", str(out)]
+        print(f"[bench_peer] run {repeat + 1}: {shlex.join(cmd[1:])}", file=sys.stderr, flush=True)
+        code = subprocess.run(cmd).returncode
+        if code != 0 or not out.exists():
+            raise SystemExit(f"peer run {repeat + 1} failed (exit code {code}); its output is above")
+        return json.loads(out.read_text())
+
+
+def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = list(runs[0]["metrics"])
+    result: dict[str, Any] = {
+        "name": args.name,
+        "stage": args.engine,
+        "workload": "offline",
+        "metrics": {k: statistics.median(run["metrics"][k] for run in runs) for k in keys},
+        "config": {
+            "scale": args.scale,
+            "seed": args.seed,
+            "model": args.model.name,
+            "device": "cuda",
+            "dtype": "bfloat16",
+            "attn": args.attn,
+            "repeats": len(runs),
+        },  # fmt: skip
+        "hardware": runs[0]["hardware"],
+        "versions": runs[0]["versions"],
+        "command": shlex.join(["python", "scripts/bench_peer.py", *argv]),
+        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if len(runs) > 1:
+        result["runs"] = [run["metrics"] for run in runs]
+    if os.environ.get(RUN_ID_ENV):
+        result["run_id"] = os.environ[RUN_ID_ENV]
+    return result
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--engine", required=True, choices=sorted(PEERS))
+    parser.add_argument("--model", type=Path, required=True, help="the HF folder both engines load")
+    parser.add_argument("--attn", default="fi", help="Mini-SGLang's attention backend (Nano-vLLM has one)")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--name", required=True, help="result name, e.g. ladder_minisgl_h200")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.child:
+        child(args)
+        return
+    runs = [run_once(argv, i) for i in range(args.repeats)]
+    result = build_result(args, argv, runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{args.name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"[bench_peer] {args.name}: {result['metrics']['output_tok_per_s']:.0f} tok/s -> {path}",
+        file=sys.stderr,
+    )
+
+
+if __name__ == "__main__":
+    main()
