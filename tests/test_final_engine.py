@@ -300,7 +300,6 @@ def test_logits_only_for_each_requests_last_token(tiny_qwen3_dir):
     [
         ({"attn": "fa"}, "--attn fa"),
         ({"attn": "torch,trtllm"}, "--attn trtllm"),
-        ({"tp": 2}, "--tp 2"),
     ],
 )
 def test_not_ported_features_say_so(tiny_qwen3_dir, kwargs, needle):
@@ -469,7 +468,7 @@ def test_cli_help_explains_every_flag():
     ("argv", "needle"),
     [
         (["--attn", "fa"], "not available in final/ yet"),
-        (["--shell", "--tp", "2"], "--tp 2"),
+        (["--shell", "--tp", "0"], "--tp must be >= 1"),
         (["--model", "/no/such/folder"], "not found"),
         (["--attn", "fi", "--device", "cpu"], "CUDA GPUs only"),
     ],

@@ -21,7 +21,7 @@ class ContextLengthError(UserError):
 
 class NotAvailableYet(UserError):
     """A feature whose flag exists (so scripts and docs are stable) but whose code has not been
-    ported into final/ yet: --attn fa, --tp 2."""
+    ported into final/ yet: --attn fa."""
 
 
 def run_cli(main: Callable[[], int | None]) -> None:
