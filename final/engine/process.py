@@ -189,7 +189,8 @@ def serve(core: EngineCore, requests: zmq.Socket, outputs: zmq.Socket, parent_pi
             try:
                 deltas += core.step()
             except Exception as err:  # keep serving: fail the requests in flight, not the server
-                log.error("engine step failed:\n%s", traceback.format_exc())
+                if not core.failed:  # (a lost rank was logged, with its reason, when it was found)
+                    log.error("engine step failed:\n%s", traceback.format_exc())
                 deltas += core.fail_all(f"the engine failed: {type(err).__name__}: {err}")
                 if core.failed:  # a tensor-parallel rank is lost: tell the clients, then exit
                     outputs.send_pyobj(StepOutputs(deltas))

@@ -292,9 +292,8 @@ def serve_node(config: EngineConfig) -> int:
     procs = {
         rank: spawn_rank(host, port, rank, rank - first, threads) for rank in range(first, first + per_node)
     }
-    log.info(
-        "node %d: ranks %d-%d started for %s", config.node_rank, first, first + per_node - 1, spec.model_dir
-    )
+    names = f"rank {first}" if per_node == 1 else f"ranks {first}-{first + per_node - 1}"
+    log.info("node %d: %s started for %s", config.node_rank, names, spec.model_dir)
     try:
         return _supervise(procs)
     except KeyboardInterrupt:
