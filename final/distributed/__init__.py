@@ -75,12 +75,18 @@ class TPInfo:
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
-        """Concatenate every rank's `x` along the last dimension."""
+        """Concatenate every rank's `x` [..., n] along the last dimension: one collective into one
+        buffer (what CUDA-graph capture likes), rank r's rows after rank r-1's, then each rank's
+        block moved to columns r * n."""
         if self.size == 1:
             return x
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        torch.distributed.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)
+        dist = torch.distributed
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.13
+        rows = x.reshape(-1, x.shape[-1])
+        out = torch.empty((self.size * rows.shape[0], rows.shape[1]), dtype=x.dtype, device=x.device)
+        gather(out, rows.contiguous(), group=self.group)
+        blocks = out.view(self.size, rows.shape[0], rows.shape[1]).transpose(0, 1)
+        return blocks.reshape(*x.shape[:-1], self.size * x.shape[-1])
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's `x` on every rank, in place (on the device: it does not wait for the GPU)."""

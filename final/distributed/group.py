@@ -9,6 +9,7 @@ config for the other ranks, heartbeats, a failed rank's last words: engine/ranks
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 import torch
@@ -81,12 +82,13 @@ def init_tp(store: dist.Store, rank: int, size: int, device: torch.device, timeo
 
 
 def close_tp(tp: TPInfo, abort: bool = False) -> None:
-    """Leave the process groups. `abort` after a failure: NCCL's communicators are aborted, which
-    also frees a rank blocked in a collective whose peer is gone (destroying would wait on it)."""
+    """Leave the process groups. `abort` after a failure: NCCL's communicator is aborted first,
+    which frees a rank blocked in a collective whose peer is gone (destroying would wait on it)."""
     if tp.size == 1 or not dist.is_initialized():
         return
-    abort_all = getattr(dist.distributed_c10d, "_abort_process_group", None)  # experimental (torch 2.5+)
-    if abort and dist.get_backend() == "nccl" and abort_all is not None:
-        abort_all()  # every group
-        return
+    if abort and dist.get_backend() == "nccl":
+        # What vLLM does too: the group's NCCL backend, aborted alone (gloo has no abort).
+        # (The watchdog may have aborted it already, to free a stuck step.)
+        with contextlib.suppress(Exception):
+            tp.group._get_backend(torch.device("cuda")).abort()
     dist.destroy_process_group()

@@ -53,6 +53,7 @@ from .watchdog import (
     Watchdog,
     describe_exit,
     silence_limit,
+    start_timeout,
 )
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,7 @@ class RankGroup:
 
     def _wait_for_ranks(self, host: str, port: int) -> None:
         """Wait (watching for losses) until every rank has reached the rendezvous."""
-        deadline = time.monotonic() + self.config.dist_timeout
+        deadline = time.monotonic() + start_timeout(self.config.dist_timeout)
         others = self.config.tp - 1
         while (joined := self.store.add(JOINED_KEY, 0)) < others:
             if self.failed.wait(POLL_S):  # a rank died while starting: its message says why
@@ -174,7 +175,7 @@ class RankGroup:
                     )
                 raise RankFailure(
                     f"{others - joined} of {others} tensor-parallel ranks did not arrive within "
-                    f"{self.config.dist_timeout:.0f} s{hint}"
+                    f"{start_timeout(self.config.dist_timeout):.0f} s{hint}"
                 )
 
     # ------------------------------------------------------------------ every step
@@ -205,6 +206,10 @@ class RankGroup:
             raise
         finally:
             self.idle.set()
+        if (
+            self.failure is not None
+        ):  # lost while the step ran (an aborted NCCL call returns): its results are void
+            raise RankFailure(self.failure)
 
     # ------------------------------------------------------------------ failure and shutdown
 
@@ -228,7 +233,7 @@ class RankGroup:
         # may wait forever: abort its communicators, and if rank 0 is still stuck, exit.
         if self.device.type == "cuda":
             try:
-                close_tp(self.tp, abort=True)
+                self.tp.group._get_backend(self.device).abort()
             except Exception as err:
                 log.warning("aborting NCCL failed: %s", err)
         if not self.idle.wait(GRACE_S):
@@ -279,7 +284,7 @@ def serve_node(config: EngineConfig) -> int:
     assert config.dist_init_addr is not None and config.node_rank > 0
     host, port = parse_address(config.dist_init_addr)
     log.info("node %d of %d: waiting for node 0 at %s:%d", config.node_rank, config.nnodes, host, port)
-    store = open_store(host, port, config.tp, is_server=False, timeout_s=config.dist_timeout)
+    store = open_store(host, port, config.tp, is_server=False, timeout_s=start_timeout(config.dist_timeout))
     spec: RankSpec = pickle.loads(store.get(ENGINE_KEY))  # waits until node 0 has published it
     if (spec.config.tp, spec.config.nnodes) != (config.tp, config.nnodes):
         raise UserError(

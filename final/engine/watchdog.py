@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 1.0
 POLL_S = 0.2
 MAX_SILENCE_S = 30.0  # a rank silent this long is lost (less when --dist-timeout is shorter)
+START_TIMEOUT_S = 600.0
 
 ENGINE_KEY = "final/engine"  # what every rank needs to build its runner (ranks.RankSpec, pickled)
 JOINED_KEY = "final/joined"  # ranks that reached the process-group rendezvous
@@ -46,6 +47,12 @@ def failure_key(rank: int) -> str:
 
 def silence_limit(dist_timeout: float) -> float:
     return min(MAX_SILENCE_S, dist_timeout)
+
+
+def start_timeout(dist_timeout: float) -> float:
+    """How long the ranks wait for each other to arrive: a rank imports torch and the other nodes
+    may be started by hand, so at least START_TIMEOUT_S, whatever a collective's timeout."""
+    return max(START_TIMEOUT_S, dist_timeout)
 
 
 def describe_exit(rank: int, pid: int, code: int) -> str:

@@ -19,6 +19,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -33,7 +34,16 @@ from ..distributed.group import close_tp, init_tp, open_store, parse_address
 from ..distributed.step_channel import StepChannel
 from .ranks import RankSpec
 from .runner import ModelRunner
-from .watchdog import ENGINE_KEY, JOINED_KEY, LEFT_KEY, Heartbeat, failure_key, silence_limit
+from .watchdog import (
+    ENGINE_KEY,
+    JOINED_KEY,
+    LEFT_KEY,
+    POLL_S,
+    Heartbeat,
+    failure_key,
+    silence_limit,
+    start_timeout,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +71,14 @@ def run_rank(spec: RankSpec, store, rank: int, local_rank: int) -> None:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    # Meet the others before the rendezvous: its barrier has the collectives' timeout, and a
+    # rank on another node may start much later than this one.
     store.add(JOINED_KEY, 1)
+    deadline = time.monotonic() + start_timeout(config.dist_timeout)
+    while store.add(JOINED_KEY, 0) < config.tp - 1:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other tensor-parallel ranks did not arrive")
+        time.sleep(POLL_S)  # they announce themselves in the store: nothing to wait on but it
     tp = init_tp(store, rank, config.tp, device, config.dist_timeout)
     try:
         folder = Path(spec.model_dir)
@@ -87,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     host, port = parse_address(args.store)
     store = open_store(host, port, None, is_server=False, timeout_s=60)
     spec: RankSpec = pickle.loads(store.get(ENGINE_KEY))
-    store.set_timeout(timedelta(seconds=spec.config.dist_timeout))  # other nodes may join late
+    store.set_timeout(timedelta(seconds=start_timeout(spec.config.dist_timeout)))  # others may join late
     setup_logging(spec.log_level)
     timeout = silence_limit(spec.config.dist_timeout)
     heartbeat = Heartbeat(
