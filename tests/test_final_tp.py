@@ -379,6 +379,24 @@ def test_tp_matches_tp1_offline(request, model, size):
     assert [p.returncode for p in procs] == [0] * (size - 1)  # they left on rank 0's word
 
 
+def test_tp_with_preemption_and_overlap_matches_tp1(tiny_qwen3_dir):
+    """A pool too small for the batch: requests are preempted, readmitted in other rows and
+    recomputed, which rewrites the page table: every rank's copy must follow rank 0's. The TP run
+    also takes overlap's code path (on the CPU it runs, it just hides nothing)."""
+    prompts = sample_prompts(tiny_qwen3_dir, n=6, seed=8)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    kwargs = {"device": "cpu", "num_pages": 160, "max_prefill_length": 32}
+    ref_llm = final.LLM(str(tiny_qwen3_dir), **kwargs)
+    want = ref_llm.generate(prompts, params, progress=False)
+    assert ref_llm.core.scheduler.num_preemptions > 0
+    with final.LLM(str(tiny_qwen3_dir), tp=2, overlap="on", **kwargs) as llm:
+        assert llm.core.overlap
+        got = llm.generate(prompts, params, progress=False)
+        assert llm.core.scheduler.num_preemptions > 0
+        llm.core.check_integrity()
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
 def test_two_nodes_on_loopback(tiny_qwen3_dir):
     """--nnodes 2: node 1 is `python -m final --node-rank 1`, which starts rank 1 and takes its
     flags from node 0; node 0 is this process's LLM."""

@@ -62,6 +62,7 @@ EXPLAIN_S = 5.0  # how long a failed step waits for the watchdog to say which ra
 GRACE_S = 15.0  # how long rank 0 may stay stuck in a step after a loss before its process exits
 STOP_S = 30.0  # how long a rank may take to leave after rank 0's shutdown before it is killed
 FAILED_EXIT_CODE = 3
+TOKEN_DTYPE = torch.int64  # of the sampled-token broadcast: its two ends must agree
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding final/, for the ranks' imports
 
 
@@ -186,7 +187,7 @@ class RankGroup:
 
     def share_tokens(self, tokens: torch.Tensor) -> None:
         """Rank 0's sampled tokens to every rank (on the device: no wait for the GPU)."""
-        self.tp.broadcast(tokens)
+        self.tp.broadcast(tokens if tokens.dtype == TOKEN_DTYPE else tokens.to(TOKEN_DTYPE))
 
     @contextmanager
     def guard(self) -> Iterator[None]:

@@ -32,7 +32,7 @@ from ..core.model_config import load_model_config
 from ..distributed import TPInfo
 from ..distributed.group import close_tp, init_tp, open_store, parse_address
 from ..distributed.step_channel import StepChannel
-from .ranks import RankSpec
+from .ranks import TOKEN_DTYPE, RankSpec
 from .runner import ModelRunner
 from .watchdog import (
     ENGINE_KEY,
@@ -46,8 +46,6 @@ from .watchdog import (
 )
 
 log = logging.getLogger(__name__)
-
-TOKEN_DTYPE = torch.int64  # what the sampler returns on rank 0: the broadcast's two ends must agree
 
 
 def follow_steps(runner: ModelRunner, channel: StepChannel, tp: TPInfo) -> int:
