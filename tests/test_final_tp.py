@@ -426,7 +426,8 @@ def test_two_nodes_on_loopback(tiny_qwen3_dir):
 
 @pytest.mark.parametrize("how", ["killed", "hung"])
 def test_lost_rank_fails_the_offline_engine_with_its_message(tiny_qwen3_dir, how):
-    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", tp=2, dist_timeout=4)
+    # A hung rank is found by its silence: 4 s here (at most 30 s by default).
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", tp=2, dist_timeout=4 if how == "hung" else 600)
     try:
         (worker,) = llm.core.ranks.local.values()
         llm.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
