@@ -68,6 +68,12 @@ class Heartbeat(threading.Thread):
         self.store, self.rank, self.parent_pid = store, rank, parent_pid
         self.stopped = threading.Event()
 
+    def start(self) -> None:
+        # The first beat before the rank announces itself: rank 0 times every rank that has
+        # arrived, even one that hangs a moment later.
+        self.store.add(heartbeat_key(self.rank), 1)
+        super().start()
+
     def run(self) -> None:
         while not self.stopped.wait(HEARTBEAT_S):
             if os.getppid() != self.parent_pid:
