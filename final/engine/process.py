@@ -29,11 +29,11 @@ from ..core.errors import UserError
 from ..core.logs import setup_logging
 from .core import EngineCore
 from .messages import AbortRequest, AddRequest, EngineInfo, RequestDelta, Shutdown, StatsQuery, StepOutputs
+from .ranks import FAILED_EXIT_CODE as ENGINE_FAILED_EXIT  # a lost tensor-parallel rank
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 500  # how often an idle engine checks that its parent is still alive
-ENGINE_FAILED_EXIT = 3  # the engine process's exit status when it cannot go on (a lost TP rank)
 
 
 @dataclass

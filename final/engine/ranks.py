@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 EXPLAIN_S = 5.0  # how long a failed step waits for the watchdog to say which rank was lost
 GRACE_S = 15.0  # how long rank 0 may stay stuck in a step after a loss before its process exits
 STOP_S = 30.0  # how long a rank may take to leave after rank 0's shutdown before it is killed
-FAILED_EXIT_CODE = 3
+FAILED_EXIT_CODE = 3  # rank 0's process status when a lost rank ends it (the engine process's too)
 TOKEN_DTYPE = torch.int64  # of the sampled-token broadcast: its two ends must agree
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding final/, for the ranks' imports
 
@@ -207,9 +207,8 @@ class RankGroup:
             raise
         finally:
             self.idle.set()
-        if (
-            self.failure is not None
-        ):  # lost while the step ran (an aborted NCCL call returns): its results are void
+        # A loss while the step ran voids its results, even when it returned (an aborted NCCL call).
+        if self.failure is not None:
             raise RankFailure(self.failure)
 
     # ------------------------------------------------------------------ failure and shutdown
