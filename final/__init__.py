@@ -11,20 +11,23 @@ only from packages below it.
     frontend/               tokenizer and chat template, detokenizer with stop strings, output
                             assembly, engine clients, the one start-up path
     engine/                 the step loop (EngineCore: schedule -> launch -> collect), the engine
-                            process and its messages, the model runner, the sampler
+                            process and its messages, the model runner, the sampler, and the
+                            tensor-parallel ranks (ranks.py starts and watches them, worker.py is
+                            one rank's loop)
     scheduler/              policy only: which tokens of which requests run next
     attention/  models/     attention backends (torch, fi); the decoder, its layers and weights
     kvcache/  distributed/  page pool, page table, prefix caches and the manager that owns a
-                            request's pages; tensor-parallel rank info
+                            request's pages; tensor parallelism's rank info, process groups and
+                            the channel rank 0 sends each step over
     core/                   EngineConfig, SamplingParams, ForwardBatch, limits, errors
 
     llm.py the offline LLM class; args.py the command line; __main__.py the entry point
 
 Ported from the stages so far: 01 (generate loop), 02 (paged KV, continuous batching, torch
 and FlashInfer backends), 03 (the radix prefix cache, the default `--cache`) and 04 (chunked
-prefill, `--max-prefill-length` and `--chunk-policy`). CUDA graphs (engine/graph.py), overlap
-scheduling (engine/overlap.py) and tensor parallelism (distributed/, sharded layers in models/)
-land as their stages do; their flags exist already.
+prefill, `--max-prefill-length` and `--chunk-policy`), then decode CUDA graphs (engine/graph.py),
+overlap scheduling (engine/core.py) and tensor parallelism (`--tp N`: distributed/, the sharded
+layers of models/, engine/ranks.py), ahead of their stages.
 """
 
 from .core.outputs import RequestOutput

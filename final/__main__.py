@@ -9,6 +9,12 @@ from .core.errors import run_cli
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = engine_config_from_args(args)  # a bad engine flag fails here, before anything starts
+    if config.node_rank > 0:  # another node of a multi-node --tp: start its ranks for node 0
+        from .core.logs import setup_logging
+        from .engine.ranks import serve_node
+
+        setup_logging(args.log_level or "info")
+        return serve_node(config)
     if args.shell:
         from .shell import run_shell
 

@@ -146,8 +146,38 @@ def build_parser() -> argparse.ArgumentParser:
         const="off",
         help="the same as --overlap off",
     )
-    engine.add_argument(
-        "--tp", type=int, default=defaults.tp, help="tensor-parallel GPUs; only 1 until TP is ported"
+    parallel = p.add_argument_group("tensor parallelism")
+    parallel.add_argument(
+        "--tp",
+        "--tp-size",
+        type=int,
+        default=defaults.tp,
+        help="tensor-parallel degree: the model sharded over this many GPUs (rank i on cuda:i of its "
+        "node), or this many processes with gloo on the CPU; the engine starts the ranks itself",
+    )
+    parallel.add_argument(
+        "--nnodes", type=int, default=defaults.nnodes, help="machines the --tp ranks span, tp / nnodes each"
+    )
+    parallel.add_argument(
+        "--node-rank",
+        type=int,
+        default=defaults.node_rank,
+        help="this machine's index: 0 runs the engine and the server; any other starts its ranks "
+        "for node 0 and takes every engine flag from it",
+    )
+    parallel.add_argument(
+        "--dist-init-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="where the ranks meet (torch.distributed's TCP rendezvous, served by node 0; needed with "
+        "--nnodes > 1); default: a free loopback port",
+    )
+    parallel.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=defaults.dist_timeout,
+        help="seconds a collective may wait for the other ranks, and (at most 30) a rank may go "
+        "unheard, before the engine stops with a message naming the rank",
     )
 
     server = p.add_argument_group("server")
@@ -192,4 +222,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         cuda_graph_max_bs=args.cuda_graph_max_bs,
         overlap=args.overlap,
         tp=args.tp,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        dist_init_addr=args.dist_init_addr,
+        dist_timeout=args.dist_timeout,
     )

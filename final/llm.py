@@ -2,6 +2,7 @@
 
     from final import LLM, SamplingParams
     llm = LLM()                                   # the default model; LLM("Qwen/Qwen3-0.6B", attn="fi")
+    llm = LLM("Qwen/Qwen3-8B", tp=2)              # sharded over 2 GPUs (ranks 1.. in processes of their own)
     outs = llm.generate(["Hello, my name is"], SamplingParams(temperature=0, max_tokens=32))
 
 `add_request` / `step` / `has_unfinished` drive the same engine one step at a time, for callers
@@ -37,6 +38,17 @@ class LLM:
         self.tokenizer = Tokenizer(self.core.model_dir)
         self.requests: dict[int, RequestState] = {}
         self.next_rid = 0
+
+    def close(self) -> None:
+        """Stop the engine's other processes (the tensor-parallel ranks under tp > 1); dropping the
+        LLM, or the interpreter's exit, does it too. `with LLM(...) as llm:` closes at the end."""
+        self.core.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def config(self) -> ModelConfig:

@@ -8,8 +8,10 @@
 # Steps:
 #   env           versions, the GPU, free memory
 #   ckpt          the Qwen3-0.6B-shaped random checkpoint (checkpoints/qwen3-0.6b-random)
+#   ckpt-8b       the Qwen3-8B-shaped one (checkpoints/qwen3-8b-random, 16 GB), for bench-tp
 #   test-final    final/'s GPU tests that need no default model
 #   test-all      every GPU test (needs the model kit)
+#   test-tp       tensor parallelism's GPU tests (2 GPUs; TP=4 too on 4)
 #   bench-final   batch-1 decode and the offline workload, graphs/overlap on and off
 #   test-attn     the attention backends' GPU tests (kernels, graphs, engines): on a fresh machine
 #                 most of the time goes to compiling kernels, so one call may not hold them all;
@@ -21,6 +23,8 @@
 #   bench-stage05 stage 05's decode step at batch 1, 8, 64 and 256, graphs on and off
 #   bench-stage05-offline  stage 05's offline workload, graphs on and off
 #   profile-stage05  one decode step, eager and replayed, under the torch profiler (batch 1 and 64)
+#   bench-tp      batch-1 decode and the offline workload at TP 1, 2 (and 4 on 4 GPUs), for the
+#                 0.6B and 8B shapes (needs ckpt and ckpt-8b)
 #   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
 #   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
@@ -35,12 +39,14 @@ out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out/logs"
 py=${GPU_PY:-python3}
 ckpt=checkpoints/qwen3-0.6b-random
+ckpt8=checkpoints/qwen3-8b-random
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[abhl][0-9]+' | head -1 | tr A-Z a-z)
 gpu=${GPU_TAG:-${gpu:-gpu}}
 results=benchmarks/results/$gpu
 # Every result of this call carries the same id: the results page compares only rows that share it.
 export BENCH_RUN_ID=${BENCH_RUN_ID:-gpu-$(date -u +%Y%m%dT%H%M%SZ)-$gpu}
 bench() { $py -m stages.common.bench --device cuda --dtype bfloat16 --model $ckpt --out $results --no-progress "$@"; }
+bench_on() { local model=$1; shift; $py -m stages.common.bench --device cuda --dtype bfloat16 --model "$model" --out $results --no-progress "$@"; }
 
 run_step() {
   case $1 in
@@ -51,8 +57,10 @@ run_step() {
       $py -c "import torch; from final.attention import resolve_attention as r; print('auto:', r('auto', 'cuda', torch.bfloat16))"
       ;;
     ckpt) [ -f $ckpt/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-0.6b --out $ckpt ;;
+    ckpt-8b) [ -f $ckpt8/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-8b --out $ckpt8 ;;
     test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py tests/test_final_gpu.py -k "not server and not bench_online" ;;
     test-all) OUT=$out bash scripts/run_gpu_tests.sh ;;
+    test-tp) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_tp_gpu.py ;;
     bench-final)
       bench --engine final --workload latency --engine-arg attn=fi --name final_latency_fi_$gpu
       bench --engine final --workload latency --engine-arg attn=fi --engine-arg cuda_graph_max_bs=0 --engine-arg overlap=off --name final_latency_fi_eager_$gpu
@@ -90,6 +98,17 @@ run_step() {
     profile-stage05)
       for b in 1 64; do
         $py scripts/profile_decode_step.py --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu
+      done
+      ;;
+    bench-tp)
+      ngpu=$(nvidia-smi -L | wc -l)
+      degrees="1 2"; [ "$ngpu" -ge 4 ] && degrees="1 2 4"
+      for model in $ckpt $ckpt8; do
+        shape=$(basename $model -random | tr -d '.-')  # qwen306b, qwen38b
+        for tp in $degrees; do
+          bench_on $model --engine final --workload latency --engine-arg attn=fi --engine-arg tp=$tp --name final_tp${tp}_latency_${shape}_$gpu
+          bench_on $model --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name final_tp${tp}_offline_${shape}_$gpu
+        done
       done
       ;;
     peers)

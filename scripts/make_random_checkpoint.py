@@ -1,10 +1,13 @@
-"""Write a random-weight HF checkpoint: Qwen3-0.6B's exact shapes, or a tiny test model.
+"""Write a random-weight HF checkpoint: Qwen3-0.6B's (or 8B's, 14B's) exact shapes, or a tiny test model.
 
     python scripts/make_random_checkpoint.py --shape qwen3-0.6b --out checkpoints/qwen3-0.6b-random
+    python scripts/make_random_checkpoint.py --shape qwen3-8b --out checkpoints/qwen3-8b-random
     python scripts/make_random_checkpoint.py --shape tiny-qwen3 --out /tmp/tiny-qwen3
 
 The benchmarks use the Qwen3-0.6B shape so results compare with published Qwen3-0.6B figures;
-speed depends on shapes, not on what the weights learned. No hub access is needed.
+speed depends on shapes, not on what the weights learned. The 8B (16 GB in bf16) and 14B (30 GB)
+shapes are for tensor parallelism, where a model must be large enough for sharding to pay. No
+hub access is needed.
 
 The large checkpoint is written without ever holding the model in memory: transformers builds
 it on the meta device (names and shapes only), and each tensor is generated in chunks and
@@ -36,7 +39,16 @@ from tests.fixtures.tiny_models import (  # noqa: E402
     train_tiny_tokenizer,
 )
 
-QWEN3_06B_VOCAB = 151936
+QWEN3_VOCAB = 151936
+# The fields in which the Qwen3 sizes differ, from their config.json files on the hub.
+QWEN3_SHAPES: dict[str, dict[str, int | bool]] = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen3-14b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40,
+                      num_attention_heads=40, num_key_value_heads=8, tie_word_embeddings=False),
+}  # fmt: skip
 # safetensors' dtype names.
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,31 +56,27 @@ CHUNK_ELEMENTS = 1 << 24  # 64 MB of fp32 noise at a time bounds peak memory
 WEIGHT_STD = 0.02  # HF's initializer_range for Qwen3
 
 
-def qwen3_06b_config(dtype: torch.dtype, eos_token_id: int, pad_token_id: int) -> Qwen3Config:
-    """Qwen3-0.6B's config.json, field for field, except the special-token ids.
+def qwen3_config(shape: str, dtype: torch.dtype, eos_token_id: int, pad_token_id: int) -> Qwen3Config:
+    """The config.json of a Qwen3 size, field for field, except the special-token ids.
 
     The ids are our tokenizer's (eos `<|im_end|>`), so the folder is self-consistent; benchmarks
     ignore EOS anyway.
     """
+    sizes = QWEN3_SHAPES[shape]
     return Qwen3Config(
-        vocab_size=QWEN3_06B_VOCAB,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
+        vocab_size=QWEN3_VOCAB,
+        **sizes,
         head_dim=128,
         hidden_act="silu",
         max_position_embeddings=40960,
         # transformers 5 keeps rope_theta inside rope_parameters (config.json has no rope_theta).
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
         attention_bias=False,
         attention_dropout=0.0,
         use_sliding_window=False,
         sliding_window=None,
-        max_window_layers=28,
+        max_window_layers=sizes["num_hidden_layers"],
         initializer_range=WEIGHT_STD,
         use_cache=True,
         bos_token_id=None,
@@ -133,15 +141,15 @@ def write_random_safetensors(
                 progress.update(chunk.numel() * itemsize)
 
 
-def make_qwen3_06b(out_dir: Path, dtype: torch.dtype, seed: int) -> None:
+def make_qwen3(shape: str, out_dir: Path, dtype: torch.dtype, seed: int) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     # The tiny BPE tokenizer, padded with reserved tokens to the embedding size: a random
     # model emits any id in [0, 151936), and each must decode.
-    train_tiny_tokenizer(out_dir, pad_vocab_to=QWEN3_06B_VOCAB)
+    train_tiny_tokenizer(out_dir, pad_vocab_to=QWEN3_VOCAB)
     vocab = json.loads((out_dir / "tokenizer.json").read_text())["model"]["vocab"]
     eos_id, pad_id = vocab[IM_END], vocab[ENDOFTEXT]
 
-    config = qwen3_06b_config(dtype, eos_token_id=eos_id, pad_token_id=pad_id)
+    config = qwen3_config(shape, dtype, eos_token_id=eos_id, pad_token_id=pad_id)
     config.save_pretrained(out_dir)
     GenerationConfig(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(out_dir)
 
@@ -155,13 +163,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--shape", required=True, choices=["qwen3-0.6b", "tiny-qwen3", "tiny-llama"])
+    parser.add_argument("--shape", required=True, choices=[*QWEN3_SHAPES, "tiny-qwen3", "tiny-llama"])
     parser.add_argument("--out", required=True, type=Path, help="output folder (HF layout)")
     parser.add_argument(
         "--dtype",
         choices=sorted(DTYPES),
         default=None,
-        help="weight dtype (default: bfloat16 for qwen3-0.6b; tiny shapes are float32)",
+        help="weight dtype (default: bfloat16 for the Qwen3 sizes; tiny shapes are float32)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
@@ -174,8 +182,8 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(out)
 
     started = time.perf_counter()
-    if args.shape == "qwen3-0.6b":
-        make_qwen3_06b(out, DTYPES[args.dtype or "bfloat16"], args.seed)
+    if args.shape in QWEN3_SHAPES:
+        make_qwen3(args.shape, out, DTYPES[args.dtype or "bfloat16"], args.seed)
     else:
         if args.dtype not in (None, "float32"):
             parser.error("tiny shapes are float32 only (they are the fp32 test oracle's models)")

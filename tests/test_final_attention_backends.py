@@ -51,6 +51,11 @@ HOPPER, BLACKWELL, AMPERE = (9, 0), (10, 0), (8, 6)
 BF16 = torch.bfloat16
 
 
+# Hopper: FlashAttention prefill, TRT-LLM decode; Blackwell 10.x: TRT-LLM. The shipped table puts
+# FlashInfer first until a GPU run has measured these (final/attention/choose.py says why).
+INTENDED_AUTO = {9: (("fa", "fi"), ("trtllm", "fi")), 10: (("trtllm", "fa", "fi"), ("trtllm", "fi"))}
+
+
 def resolve(spec, page_size=None, dtype=BF16, device="cuda"):
     return attention.resolve_attention(spec, device, dtype, page_size)
 
@@ -119,6 +124,7 @@ def test_a_missing_package_is_named(monkeypatch, spec, package):
 
 
 def test_flash_attention_4_without_its_cute_dsl_counts_as_missing(monkeypatch):
+    monkeypatch.setattr(choose, "AUTO", INTENDED_AUTO)
     standins.install(monkeypatch, HOPPER, "fa4", "flashinfer", cpu_as_gpu=False)
     monkeypatch.setitem(sys.modules, "cutlass", None)  # nvidia-cutlass-dsl missing, or off sys.path
     with pytest.raises(
@@ -236,11 +242,6 @@ def test_an_unset_page_size_is_valid_and_zero_is_not():
 
 # ---------------------------------------------------------------------------------------------
 # auto
-
-# Hopper: FlashAttention prefill, TRT-LLM decode; Blackwell 10.x: TRT-LLM. The shipped table puts
-# FlashInfer first until a GPU run has measured these (final/attention/choose.py says why).
-INTENDED_AUTO = {9: (("fa", "fi"), ("trtllm", "fi")), 10: (("trtllm", "fa", "fi"), ("trtllm", "fi"))}
-
 
 @pytest.mark.parametrize("capability", [HOPPER, BLACKWELL])
 def test_auto_ships_the_backend_verified_on_a_gpu(monkeypatch, capability):

@@ -23,7 +23,7 @@ from final.__main__ import main as final_main
 from final.args import build_parser, parse_args
 from final.attention import support
 from final.core.config import EngineConfig
-from final.core.errors import NotAvailableYet, UserError
+from final.core.errors import UserError
 from final.core.sampling_params import SamplingParams
 from final.frontend.detokenizer import IncrementalDetokenizer, TextStream
 from final.frontend.tokenizer import Tokenizer
@@ -293,19 +293,7 @@ def test_logits_only_for_each_requests_last_token(tiny_qwen3_dir):
 
 
 # ---------------------------------------------------------------------------------------------
-# Registries and flags that are accepted before their feature is ported
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "needle"),
-    [
-        ({"tp": 2}, "--tp 2"),
-    ],
-)
-def test_not_ported_features_say_so(tiny_qwen3_dir, kwargs, needle):
-    with pytest.raises(NotAvailableYet, match=needle) as err:
-        final.LLM(str(tiny_qwen3_dir), device="cpu", **kwargs)
-    assert "not available in final/ yet" in str(err.value)
+# Bad options: one clear error each
 
 
 @pytest.mark.parametrize(
@@ -468,7 +456,7 @@ def test_cli_help_explains_every_flag():
     ("argv", "needle"),
     [
         (["--attn", "flash"], "unknown attention backend 'flash'"),
-        (["--shell", "--tp", "2"], "--tp 2"),
+        (["--shell", "--tp", "0"], "--tp must be >= 1"),
         (["--model", "/no/such/folder"], "not found"),
         (["--attn", "fi", "--device", "cpu"], "CUDA GPUs only"),
     ],

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .errors import NotAvailableYet, UserError
+from .errors import UserError
 
 CHUNK_POLICIES = ("mixed", "prefill-first")  # see final/scheduler/scheduler.py
 OVERLAP_MODES = ("auto", "on", "off")  # see final/engine/core.py
@@ -36,7 +36,13 @@ class EngineConfig:
     # Overlap scheduling: auto (on a GPU; off on the CPU, where nothing runs asynchronously), on,
     # off. FINAL_DISABLE_OVERLAP=1 in the environment turns auto off (benchmarks, ablations).
     overlap: str = "auto"
-    tp: int = 1  # tensor-parallel degree (only 1 until tensor parallelism is ported)
+    # Tensor parallelism: the model sharded over `tp` ranks, one process each (engine/ranks.py);
+    # across machines, `nnodes` nodes of tp / nnodes ranks meeting at `dist_init_addr`.
+    tp: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # HOST:PORT of node 0's rendezvous; None: a free loopback port
+    dist_timeout: float = 600.0  # seconds a collective (or a silent rank) may take before the engine gives up
 
     def __post_init__(self) -> None:
         self.validate()
@@ -82,6 +88,20 @@ class EngineConfig:
                 f"--chunk-policy must be one of {', '.join(CHUNK_POLICIES)}, got {self.chunk_policy!r}",
             ),
             (self.tp >= 1, f"--tp must be >= 1, got {self.tp}"),
+            (self.nnodes >= 1, f"--nnodes must be >= 1, got {self.nnodes}"),
+            (
+                0 <= self.node_rank < self.nnodes,
+                f"--node-rank must be in [0, --nnodes), got {self.node_rank} with --nnodes {self.nnodes}",
+            ),
+            (
+                self.tp % self.nnodes == 0,
+                f"--tp {self.tp} does not split over --nnodes {self.nnodes}: every node runs tp / nnodes ranks",
+            ),
+            (
+                self.nnodes == 1 or self.dist_init_addr is not None,
+                "--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, reachable from every node)",
+            ),
+            (self.dist_timeout > 0, f"--dist-timeout must be > 0, got {self.dist_timeout}"),
             (
                 self.overlap in OVERLAP_MODES,
                 f"--overlap must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}",
@@ -90,10 +110,10 @@ class EngineConfig:
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
-        if self.tp != 1:
-            raise NotAvailableYet(
-                f"tensor parallelism (--tp {self.tp}) is not available in final/ yet; run with --tp 1"
-            )
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tp // self.nnodes
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -19,11 +19,6 @@ class ContextLengthError(UserError):
     `context_length_exceeded`."""
 
 
-class NotAvailableYet(UserError):
-    """A feature whose flag exists (so scripts and docs are stable) but whose code has not been
-    ported into final/ yet: --tp 2."""
-
-
 def run_cli(main: Callable[[], int | None]) -> None:
     """Run a command-line entry point: user errors become one clear line and exit status 2."""
     try:

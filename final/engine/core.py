@@ -33,7 +33,9 @@ behind the GPU's. The invariants that make that safe:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,13 +45,17 @@ import torch
 from ..attention import resolve_attention
 from ..core.config import EngineConfig
 from ..core.devices import DTYPES, pick_device, pick_dtype
+from ..core.errors import UserError
 from ..core.limits import finish_reason, max_new_tokens
 from ..core.model_config import load_model_config
 from ..core.sampling_params import SamplingParams
+from ..distributed import TPInfo
+from ..distributed.group import parse_address
 from ..kvcache import KVCacheManager, create_prefix_cache
-from ..models import resolve_model
+from ..models import check_tp_degree, resolve_model
 from ..scheduler import NeedsDrain, Request, ScheduledBatch, Scheduler, Status
 from .messages import EngineInfo, EngineStats, RequestDelta
+from .ranks import RankGroup
 from .runner import ModelRunner
 from .sampler import Sampler, TopLogprobs, make_generator
 
@@ -80,7 +86,7 @@ class EngineCore:
         self.model_config = load_model_config(self.model_dir, config.max_seq_len_override)
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.model_config.dtype, self.device)
-        # Fail on a bad --attn or --cache before spending time on the weights. A page size the
+        # Fail on a bad --attn, --cache or --tp before spending time on the weights. A page size the
         # user left unset becomes the attention kernels' choice, in the config itself, so that
         # every part of the engine (and the caller's config) reads the size in use.
         choice = resolve_attention(
@@ -88,7 +94,29 @@ class EngineCore:
         )
         config.page_size = choice.page_size
         prefix_cache = create_prefix_cache(config.cache, config.page_size)
-        self.runner = ModelRunner(config, self.model_dir, self.model_config, self.device, self.dtype)
+        check_tp(config, self.device)
+        check_tp_degree(self.model_config, config.tp)
+        # Tensor parallelism: this process is rank 0; the others run in processes of their own.
+        self.ranks: RankGroup | None = None
+        tp = TPInfo()
+        if config.tp > 1:
+            if self.device.type == "cuda":
+                self.device = torch.device("cuda", 0)  # rank i on cuda:i
+            self.ranks = RankGroup.start(config, self.model_dir, self.device, self.dtype)
+            tp = self.ranks.tp
+        try:
+            with self._meeting_ranks():
+                self.runner = ModelRunner(
+                    config, self.model_dir, self.model_config, self.device, self.dtype, tp
+                )
+        except BaseException:
+            if self.ranks is not None:
+                self.ranks.close()
+            raise
+        # Whoever drops the engine without closing it (an LLM at exit) still stops the ranks.
+        self._closer = (
+            None if self.ranks is None else weakref.finalize(self, _close_engine, self.runner, self.ranks)
+        )
         self.kv = KVCacheManager(
             self.runner.num_pages, config.page_size, prefix_cache, self.runner.page_table
         )
@@ -148,8 +176,26 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self.in_flight)
 
+    @property
+    def failed(self) -> bool:
+        """A tensor-parallel rank was lost: every step from now on raises RankFailure."""
+        return self.ranks is not None and self.ranks.failure is not None
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one rank). Idempotent."""
+        if self._closer is not None:
+            self._closer()
+
+    def _meeting_ranks(self):
+        """Around work that meets the other ranks (a no-op at --tp 1): see RankGroup.guard."""
+        return self.ranks.guard() if self.ranks is not None else contextlib.nullcontext()
+
     def step(self) -> list[RequestDelta]:
         """One iteration of the loop; one delta per request that got a token (or finished)."""
+        with self._meeting_ranks():
+            return self._step()
+
+    def _step(self) -> list[RequestDelta]:
         if not self.overlap:
             batch = self.scheduler.schedule()
             return [] if batch is None else self.collect(self.launch(batch))
@@ -167,7 +213,10 @@ class EngineCore:
 
     def launch(self, batch: ScheduledBatch) -> StepHandle:
         """Run the step's forward pass and sampling on the device; do not wait for them."""
-        logits = self.runner.forward(batch.step_input())
+        step = batch.step_input()
+        if self.ranks is not None:  # the other ranks run the same step: send it, with its page writes
+            self.ranks.send_step(step, self.runner.page_table.pending_writes())
+        logits = self.runner.forward(step)
         for req in batch.requests:  # newly admitted (or readmitted after a preemption: a new row)
             if self.row_params.get(req.kv.row) is not req:
                 self.sampler.admit(req.kv.row, req.params)
@@ -187,6 +236,8 @@ class EngineCore:
         rows = self.runner.buffers.sampled_rows[: len(sampled)]
         generators = [self.generators.get(r.rid) for r in sampled]
         out = self.sampler.sample(logits, rows, [r.params for r in sampled], generators)
+        if self.ranks is not None:  # sampled once, here: every rank's token table gets these tokens
+            self.ranks.share_tokens(out.tokens)
         self.runner.record_tokens(out.tokens)  # the next decode step's inputs, on the device
         tokens, done = out.tokens, None
         if tokens.is_cuda:
@@ -256,6 +307,33 @@ class EngineCore:
         self.scheduler.check_integrity()
 
 
+def check_tp(config: EngineConfig, device: torch.device) -> None:
+    """What --tp, --nnodes and --dist-init-addr need of the machine (the model's check is
+    models.check_tp_degree)."""
+    if config.dist_init_addr is not None:
+        parse_address(config.dist_init_addr)
+    if config.node_rank > 0:
+        raise UserError(
+            "a node other than node 0 runs no engine of its own: start it with `python -m final "
+            "--node-rank K ...`, which starts its ranks for node 0's engine"
+        )
+    if config.tp == 1 or device.type != "cuda":
+        return
+    if device.index is not None:
+        raise UserError(
+            f"--device {device}: under --tp, rank i runs on cuda:i of its node; use --device cuda "
+            "(CUDA_VISIBLE_DEVICES chooses the GPUs)"
+        )
+    per_node, visible = config.ranks_per_node, torch.cuda.device_count()
+    if visible < per_node:
+        raise UserError(f"--tp {config.tp} needs {per_node} GPUs on this node; PyTorch sees {visible}")
+
+
+def _close_engine(runner: ModelRunner, ranks: RankGroup) -> None:
+    runner.release_graphs()  # before the process groups: a graph holds NCCL's work
+    ranks.close()
+
+
 def validate_early(config: EngineConfig) -> None:
     """The checks that need no model: run them in the frontend before spawning anything."""
     config.validate()
@@ -265,3 +343,4 @@ def validate_early(config: EngineConfig) -> None:
     # checks the compute capability.
     resolve_attention(config.attn, device, dtype, config.page_size, probe_gpu=False)
     create_prefix_cache(config.cache, config.page_size or 1)
+    check_tp(config, device)

@@ -29,6 +29,7 @@ from ..core.errors import UserError
 from ..core.logs import setup_logging
 from .core import EngineCore
 from .messages import AbortRequest, AddRequest, EngineInfo, RequestDelta, Shutdown, StatsQuery, StepOutputs
+from .ranks import FAILED_EXIT_CODE as ENGINE_FAILED_EXIT  # a lost tensor-parallel rank
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,7 @@ def engine_main(
     try:
         serve(core, requests, outputs, parent)
     finally:
+        core.close()  # the tensor-parallel ranks (none at --tp 1)
         requests.close(linger=0)
         outputs.close(linger=1000)
         ctx.term()
@@ -183,12 +185,16 @@ def serve(core: EngineCore, requests: zmq.Socket, outputs: zmq.Socket, parent_pi
                 deltas.append(reply)
             elif reply is not None:
                 outputs.send_pyobj(reply)
-        if core.has_work():
+        if core.has_work() or core.failed:
             try:
                 deltas += core.step()
             except Exception as err:  # keep serving: fail the requests in flight, not the server
-                log.error("engine step failed:\n%s", traceback.format_exc())
+                if not core.failed:  # (a lost rank was logged, with its reason, when it was found)
+                    log.error("engine step failed:\n%s", traceback.format_exc())
                 deltas += core.fail_all(f"the engine failed: {type(err).__name__}: {err}")
+                if core.failed:  # a tensor-parallel rank is lost: tell the clients, then exit
+                    outputs.send_pyobj(StepOutputs(deltas))
+                    raise SystemExit(ENGINE_FAILED_EXIT) from err
         if deltas:
             outputs.send_pyobj(StepOutputs(deltas))
 

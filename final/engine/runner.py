@@ -62,6 +62,9 @@ class ModelRunner:
         self.tp = tp or TPInfo()
         self.page_size = engine_config.page_size
         self.model = load_model(folder, config, device, dtype, self.tp)
+        # Under TP, every rank reads its own shards, some faster than others: meet on the host
+        # before the first collective on the device, whose timeout is meant for a hung rank.
+        self.tp.barrier()
         self.kv_heads = self.tp.local_kv_heads(config.num_kv_heads)
         self.graphs: GraphRunner | None = None
         graph_batch = self._graph_batch(engine_config.cuda_graph_max_bs)
@@ -69,12 +72,16 @@ class ModelRunner:
         if not reserve:
             graph_batch = None  # the backend said no (logged)
         num_pages = engine_config.num_pages or self._pages_that_fit(engine_config.memory_ratio, reserve)
+        # Rank 0's page ids index every rank's pool: all ranks take the pool the tightest one fits.
+        num_pages = self.tp.min_over_ranks(num_pages)
         if num_pages < 1:
             raise UserError("no memory left for the KV cache: use a smaller model or raise --memory-ratio")
         self._build(num_pages)
+        # Every rank logs the same lines under TP: rank 0's are enough.
+        say = log.info if self.tp.is_first else log.debug
         if graph_batch:
             self.graphs = GraphRunner(self, graph_batch)
-            log.info(
+            say(
                 "CUDA graphs: %d decode batch sizes (1..%d) captured in %.1f s; they and the attention "
                 "state take %d MiB, measured before sizing the KV cache",
                 len(self.graphs.sizes),
@@ -82,7 +89,7 @@ class ModelRunner:
                 self.graphs.capture_s,
                 reserve >> 20,
             )
-        log.info(
+        say(
             "KV cache: %d pages of %d tokens (%d tokens); attention: %s",
             num_pages,
             self.page_size,
@@ -262,3 +269,8 @@ class ModelRunner:
         are those requests' next decode inputs."""
         rows = self.buffers.sampled_rows[: tokens.shape[0]]
         self.token_table[rows] = tokens.to(torch.int32)
+
+    def release_graphs(self) -> None:
+        """Drop the CUDA graphs (before the process groups go: a graph holds NCCL's work)."""
+        self.graphs = None
+        gc.collect()

@@ -45,6 +45,17 @@ class PageTable:
         self._cols.extend(range(start, start + len(pages)))
         self._pages.extend(pages)
 
+    def pending_writes(self) -> tuple[list[int], list[int], list[int]]:
+        """(rows, columns, pages) queued since the last flush: under tensor parallelism rank 0
+        sends them with the step, so every rank's copy of the table gets the same writes."""
+        return self._rows, self._cols, self._pages
+
+    def queue_writes(self, rows: list[int], cols: list[int], pages: list[int]) -> None:
+        """Queue another rank's writes as they are (applied at `flush`)."""
+        self._rows.extend(rows)
+        self._cols.extend(cols)
+        self._pages.extend(pages)
+
     def flush(self) -> None:
         """Apply the queued writes to the device table: one host-to-device copy."""
         if not self._pages:

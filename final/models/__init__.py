@@ -42,6 +42,29 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def check_tp_degree(config: ModelConfig, size: int) -> None:
+    """A UserError unless `size` ranks can share the model: its query heads and MLP split evenly,
+    its KV heads split evenly or (fewer KV heads than ranks) replicate evenly. The vocabulary
+    needs nothing: it is padded to a multiple of the ranks."""
+    if size == 1:
+        return
+    problems = []
+    if config.num_heads % size:
+        problems.append(f"its {config.num_heads} attention heads")
+    if config.intermediate_size % size:
+        problems.append(f"its MLP's {config.intermediate_size} features")
+    kv = config.num_kv_heads
+    if (kv >= size and kv % size) or (kv < size and size % kv):
+        problems.append(
+            f"its {kv} KV heads (they split evenly, or replicate when the degree is a multiple of them)"
+        )
+    if problems:
+        raise UserError(
+            f"--tp {size} cannot shard {config.architecture}: {' and '.join(problems)} do not divide "
+            f"over {size} ranks; use a degree that divides them"
+        )
+
+
 def load_model(
     folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype, tp: TPInfo | None = None
 ) -> LlamaForCausalLM:
@@ -60,4 +83,4 @@ def load_model(
     return model.eval()
 
 
-__all__ = ["MODEL_REGISTRY", "LlamaForCausalLM", "load_model", "resolve_model"]
+__all__ = ["MODEL_REGISTRY", "LlamaForCausalLM", "check_tp_degree", "load_model", "resolve_model"]
