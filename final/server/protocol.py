@@ -30,6 +30,7 @@ INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32 device te
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # OpenAI's range for seed (a torch.Generator takes it)
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+PromptText = Annotated[str, Field(min_length=1)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
@@ -61,6 +62,19 @@ class ChatMessage(StrictModel):
 class ResponseFormat(StrictModel):
     # json_object / json_schema need structured output, which we lack
     type: Literal["text"]
+
+
+def _needs(field: str, **condition: Any) -> dict[str, Any]:
+    """JSON Schema for "`field`, when given and not null, needs these other fields' values", so the
+    published schema states the cross-field rules the validators below enforce."""
+    required = {
+        "properties": {name: {"const": value} for name, value in condition.items()},
+        "required": list(condition),
+    }
+    return {field: {"anyOf": [{"properties": {field: {"type": "null"}}}, required]}}
+
+
+STREAM_OPTIONS_NEEDS_STREAM = _needs("stream_options", stream=True)
 
 
 def _only(value: Any) -> Any:
@@ -115,6 +129,12 @@ class CommonFields(StrictModel):
 
 
 class ChatCompletionRequest(CommonFields):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "dependentSchemas": {**STREAM_OPTIONS_NEEDS_STREAM, **_needs("top_logprobs", logprobs=True)}
+        }
+    )
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     max_completion_tokens: int | None = Field(
@@ -141,9 +161,11 @@ class ChatCompletionRequest(CommonFields):
 
 
 class CompletionRequest(CommonFields):
+    model_config = ConfigDict(json_schema_extra={"dependentSchemas": STREAM_OPTIONS_NEEDS_STREAM})
+
     prompt: (
-        str
-        | Annotated[list[str], Field(min_length=1)]
+        PromptText
+        | Annotated[list[PromptText], Field(min_length=1)]
         | Annotated[list[TokenId], Field(min_length=1)]
         | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
     ) = Field(description="a string, a list of strings, a list of token ids, or a list of those")
@@ -181,7 +203,7 @@ class CompletionRequest(CommonFields):
 
 # What a union field may be, for its error message: pydantic reports one error per branch.
 UNION_FIELDS = {
-    "prompt": "a string, a list of strings, a list of token ids, or a list of lists of token ids",
+    "prompt": "a non-empty string, a list of them, a list of token ids, or a list of lists of token ids",
     "stop": f"a string or a list of at most {MAX_STOP_STRINGS} strings, each of 1 to {MAX_STOP_CHARS} "
     "characters",
     "content": "a string or a non-empty list of text parts",
