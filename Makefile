@@ -7,7 +7,7 @@ PROMPT ?= What is the capital of France?
 ARGS ?=
 NOTEBOOKS := $(wildcard docs/notebooks/*.py)
 
-.PHONY: setup model run shell ask test test-cpu notebooks docs docs-gen docs-serve lint bench gpu-test clean
+.PHONY: setup model run shell ask test test-cpu notebooks docs docs-gen docs-serve lint bench gpu-test soak clean
 
 # A virtual environment with the project and its test and docs extras. On a machine without CUDA
 # we install the CPU wheel of torch first: an unpinned torch would pull gigabytes of CUDA wheels.
@@ -57,6 +57,13 @@ docs: docs-gen
 
 docs-serve: docs-gen
 	$(BIN)/mkdocs serve
+
+# Not in CI: 10 minutes of final/'s server at saturation on loopback, with aborts and bad requests
+# mixed in; prints requests by status, the KV pool and RSS before and after, PASS or FAIL.
+# SOAK_ARGS="--duration 30" for a short run.
+SOAK_ARGS ?=
+soak: model
+	$(BIN)/python scripts/soak.py $(SOAK_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
