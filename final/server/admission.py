@@ -31,6 +31,7 @@ class Admission:
         self.in_use = 0
         self.closing = False  # set when the server starts shutting down
 
+    # --8<-- [start:reserve]
     def reserve(self, count: int) -> Ticket:
         if count > self.limit:
             raise never_fits(count, self.limit)
@@ -40,3 +41,4 @@ class Admission:
             raise overloaded(self.in_use, self.limit)
         self.in_use += count
         return Ticket(self, count)
+        # --8<-- [end:reserve]
