@@ -378,3 +378,18 @@ def test_openapi_schema_and_docs(server):
                      "default": -1, "description": "extension: -1 or 0 for no limit", "title": "Top K"}  # fmt: skip
     docs = httpx.get(f"{server.url}/docs")
     assert docs.status_code == 200 and "/openapi.json" in docs.text
+
+
+def test_a_client_gone_from_a_plain_request_is_no_error(default_server):
+    body = json.dumps({"prompt": "Count from one to a thousand:", "max_tokens": 4000, "ignore_eos": True})
+    with socket.create_connection(("127.0.0.1", default_server.port), timeout=60) as sock:
+        sock.sendall(
+            f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        deadline = time.monotonic() + 60
+        while default_server.metrics()["final_requests_running"] < 1:  # it is generating
+            assert time.monotonic() < deadline, "the request never started"
+    default_server.wait_for_idle_pool(timeout=60)  # aborted once the server saw the client leave
+    log = default_server.log()
+    assert "unexpected error" not in log and "Traceback" not in log, log

@@ -16,6 +16,7 @@ from ..engine.process import EngineProcess
 from ..frontend.client import AsyncEngineClient
 from . import security
 from .errors import APIError
+from .generation import ClientGone
 from .openai_api import chat_completions, completions
 from .openapi import build_openapi
 from .state import ServerState
@@ -134,6 +135,8 @@ class InternalErrorMiddleware:
 
         try:
             await self.app(scope, receive, tracked_send)
+        except ClientGone:  # normal: the request was aborted, nobody is there to answer
+            log.info("client went away: %s %s aborted", scope.get("method"), scope.get("path"))
         except Exception as err:
             log.exception("unexpected error serving %s", scope.get("path"))
             if not started:
