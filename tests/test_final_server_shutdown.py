@@ -18,10 +18,11 @@ try:
     import httpx
 except ImportError:  # the GPU host's offline kit ships httpx2 (what openai itself uses), not httpx
     import httpx2 as httpx  # type: ignore[no-redef]
-import psutil
 import pytest
 
 from tests.fixtures.live_server import Server
+
+psutil = pytest.importorskip("psutil", reason="the shutdown tests read the process tree with psutil")
 
 # engine/process.py SHUTDOWN_GRACE_S (5 s) x 2 for a hung engine, the server's own graceful 5 s,
 # and interpreter exits on a loaded 2-core machine; typically 2-5 s.

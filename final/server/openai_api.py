@@ -172,8 +172,8 @@ async def completions(http: Request) -> Response:
 
 
 async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, ticket: Ticket) -> Response:
-    prompt_ids = await chat_prompt(state, req)
     params = sampling_params(req, req.requested_max_tokens(), req.num_logprobs())
+    prompt_ids = await chat_prompt(state, req)
     check_request(state, prompt_ids, params)
     jobs = [Job(i, prompt_ids, sampling_for_choice(params, i)) for i in range(req.n)]
     head = {
