@@ -9,7 +9,7 @@ NOTEBOOKS := $(wildcard docs/notebooks/*.py)
 # No mkdocs-material banner about its successor on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup model run shell ask test test-cpu notebooks notebooks-run docs docs-gen docs-assets docs-serve browser lint bench gpu-test clean
+.PHONY: setup model run shell ask test test-cpu notebooks notebooks-run docs docs-gen docs-assets docs-serve browser lint bench gpu-test soak clean
 
 # A virtual environment with the project and its test and docs extras. On a machine without CUDA
 # we install the CPU wheel of torch first: an unpinned torch would pull gigabytes of CUDA wheels.
@@ -84,6 +84,13 @@ docs: docs-gen docs-assets notebooks-run
 
 docs-serve: docs-gen docs-assets notebooks-run
 	$(BIN)/mkdocs serve
+
+# Not in CI: 10 minutes of final/'s server at saturation on loopback, with aborts and bad requests
+# mixed in; prints requests by status, the KV pool and RSS before and after, PASS or FAIL.
+# SOAK_ARGS="--duration 30" for a short run.
+SOAK_ARGS ?=
+soak: model
+	$(BIN)/python scripts/soak.py $(SOAK_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

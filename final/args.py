@@ -15,6 +15,24 @@ from .kvcache import PREFIX_CACHES
 DEFAULT_HOST = "127.0.0.1"  # loopback: serving beyond this machine is an explicit choice
 DEFAULT_PORT = 1919
 DEFAULT_MAX_WAITING = 1024
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+PUBLIC_PATHS = ("/health", "/metrics", "/openapi.json", "/docs")  # what --public-paths may name
+
+
+def _comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _public_paths(text: str) -> list[str]:
+    if text.strip().lower() == "none":
+        return []
+    paths = _comma_list(text)
+    unknown = [p for p in paths if p not in PUBLIC_PATHS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown)} cannot be public; choose from {', '.join(PUBLIC_PATHS)} (or none)"
+        )
+    return paths
 
 
 def _positive_or_zero(text: str) -> int:
@@ -190,6 +208,30 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_MAX_WAITING,
         help="requests queued beyond --max-running-requests before the server answers 503",
+    )
+    server.add_argument(
+        "--max-request-bytes",
+        type=_positive_or_zero,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="largest request body accepted; a larger one gets 413",
+    )
+    server.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every path but --public-paths; default: the "
+        "FINAL_API_KEY environment variable (which `ps` does not show), else no key",
+    )
+    server.add_argument(
+        "--public-paths",
+        type=_public_paths,
+        default=",".join(PUBLIC_PATHS),
+        help=f"with an API key, the paths that need none: a comma list of {', '.join(PUBLIC_PATHS)}, or none",
+    )
+    server.add_argument(
+        "--allowed-origins",
+        type=_comma_list,
+        default=None,
+        help="CORS: web origins that may call the API from a browser (comma list, or *); default: none",
     )
     server.add_argument("--shell", action="store_true", help="chat in this terminal instead of serving HTTP")
     server.add_argument(

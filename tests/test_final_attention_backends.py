@@ -243,6 +243,7 @@ def test_an_unset_page_size_is_valid_and_zero_is_not():
 # ---------------------------------------------------------------------------------------------
 # auto
 
+
 @pytest.mark.parametrize("capability", [HOPPER, BLACKWELL])
 def test_auto_ships_the_backend_verified_on_a_gpu(monkeypatch, capability):
     standins.install(monkeypatch, capability, "fa4", "flashinfer", cpu_as_gpu=False)

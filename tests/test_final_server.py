@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 try:
     import httpx
@@ -23,84 +18,7 @@ import pytest
 
 from final.frontend.tokenizer import Tokenizer
 from scripts.render_results import parse_result
-
-ROOT = Path(__file__).resolve().parents[1]
-START_TIMEOUT_S = 240  # a loaded CI machine converting nothing: imports, spawn, weights
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A `python -m final` subprocess on a free loopback port, its log in a file."""
-
-    def __init__(self, model_dir: Path, log_path: Path, *flags: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        cmd = [sys.executable, "-m", "final", "--model", str(model_dir), "--port", str(self.port), *flags]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT
-        )
-        self.wait_healthy()
-
-    def log(self) -> str:
-        return self.log_path.read_text()[-4000:]
-
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)  # the polling interval
-        raise AssertionError(f"no /health within {START_TIMEOUT_S} s:\n{self.log()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-    def client(self, timeout: float = 120) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=timeout)
-
-    def async_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=300)
-
-    def metrics(self) -> dict[str, float]:
-        text = httpx.get(f"{self.url}/metrics", timeout=30).text
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-    def wait_for_idle_pool(self, timeout: float = 30) -> dict[str, float]:
-        """Poll /metrics until no request runs and every KV page is free or held (unlocked) by the
-        prefix cache, with the engine's integrity check passing; the last metrics."""
-        deadline = time.monotonic() + timeout
-        while True:
-            m = self.metrics()
-            idle = m["final_requests_running"] == 0 and m["final_requests_waiting"] == 0
-            whole = m["final_kv_pages_free"] + m["final_kv_pages_cached"] == m["final_kv_pages_total"]
-            if idle and whole and m["final_kv_integrity_ok"] == 1:
-                return m
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the KV pool did not return to its baseline: {m}")
-            time.sleep(0.05)
+from tests.fixtures.live_server import ROOT, Server
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,14 @@ attribute names (a stage's SamplingParams, a namespace) and returns final's own 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import UserError
+
+INT32_MAX = 2**31 - 1  # top_k lives in an int32 device tensor
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
 
 @dataclass
@@ -35,10 +39,17 @@ class SamplingParams:
 
     def validate(self) -> None:
         checks: list[tuple[bool, str]] = [
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (
-                self.top_k == -1 or self.top_k >= 0,
-                f"top_k must be >= 1, or -1 or 0 for no limit, got {self.top_k}",
+                self.temperature >= 0 and math.isfinite(self.temperature),
+                f"temperature must be a finite number >= 0, got {self.temperature}",
+            ),
+            (
+                -1 <= self.top_k <= INT32_MAX,
+                f"top_k must be in [1, {INT32_MAX}], or -1 or 0 for no limit, got {self.top_k}",
+            ),
+            (
+                self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1],
+                f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}",
             ),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),

@@ -130,6 +130,7 @@ class EngineCore:
         self.stats = EngineStats(num_pages=self.runner.num_pages)
         self.overlap = config.overlap_enabled(self.device.type)
         self.in_flight: deque[StepHandle] = deque()  # launched, not yet collected (at most one)
+        self.failed_alone: list[RequestDelta] = []  # requests dropped alone since the last step returned
 
     @property
     def kv_capacity(self) -> int:
@@ -191,9 +192,13 @@ class EngineCore:
         return self.ranks.guard() if self.ranks is not None else contextlib.nullcontext()
 
     def step(self) -> list[RequestDelta]:
-        """One iteration of the loop; one delta per request that got a token (or finished)."""
+        """One iteration of the loop; one delta per request that got a token (or finished), and
+        an error delta per request that failed alone."""
         with self._meeting_ranks():
-            return self._step()
+            deltas = self._step()
+        if self.failed_alone:
+            deltas, self.failed_alone = self.failed_alone + deltas, []
+        return deltas
 
     def _step(self) -> list[RequestDelta]:
         if not self.overlap:
@@ -213,14 +218,13 @@ class EngineCore:
 
     def launch(self, batch: ScheduledBatch) -> StepHandle:
         """Run the step's forward pass and sampling on the device; do not wait for them."""
+        batch = self._admit_rows(batch)
+        if not batch.requests:
+            return StepHandle(batch, [], [], None, None, None)
         step = batch.step_input()
         if self.ranks is not None:  # the other ranks run the same step: send it, with its page writes
             self.ranks.send_step(step, self.runner.page_table.pending_writes())
         logits = self.runner.forward(step)
-        for req in batch.requests:  # newly admitted (or readmitted after a preemption: a new row)
-            if self.row_params.get(req.kv.row) is not req:
-                self.sampler.admit(req.kv.row, req.params)
-                self.row_params[req.kv.row] = req
         sampled, completes_prefill = [], []
         for req, q_len, is_sampled in zip(batch.requests, batch.query_lens, batch.sampled, strict=True):
             req.num_computed += q_len  # a chunk of a cut prompt: its KV is in, no token yet
@@ -247,6 +251,41 @@ class EngineCore:
             done = torch.cuda.Event()
             done.record()
         return StepHandle(batch, sampled, completes_prefill, tokens, done, out.logprobs)
+
+    def _admit_rows(self, batch: ScheduledBatch) -> ScheduledBatch:
+        """Write the sampling parameters of requests new to their row (admitted, or readmitted
+        after a preemption) into the sampler's device tables. A request whose parameters cannot be
+        stored fails alone: it leaves the batch, its pages go back, its client gets an error."""
+        failed: list[Request] = []
+        for req in batch.requests:
+            if self.row_params.get(req.kv.row) is req:
+                continue
+            try:
+                self.sampler.admit(req.kv.row, req.params)
+            except Exception as err:
+                log.error("request %d: cannot store its sampling parameters: %r", req.rid, err)
+                self._fail_request(req, f"invalid sampling parameters: {type(err).__name__}: {err}")
+                failed.append(req)
+                continue
+            self.row_params[req.kv.row] = req
+        if not failed:
+            return batch
+        keep = [i for i, req in enumerate(batch.requests) if req not in failed]
+        return ScheduledBatch(
+            requests=[batch.requests[i] for i in keep],
+            query_lens=[batch.query_lens[i] for i in keep],
+            sampled=[batch.sampled[i] for i in keep],
+        )
+
+    def _fail_request(self, req: Request, message: str) -> None:
+        """Drop one running request that cannot go on; the next `step` reports it."""
+        self.scheduler.finish(req, defer_release=bool(self.in_flight))
+        self._forget(req.rid)
+        self.failed_alone.append(
+            RequestDelta(
+                rid=req.rid, token_ids=[], finish_reason="error", error=message, error_code="invalid_request"
+            )
+        )
 
     def collect(self, handle: StepHandle) -> list[RequestDelta]:
         """Wait for a launched step's tokens; append them, finish and cache requests; one delta per
@@ -289,7 +328,10 @@ class EngineCore:
         for rid in rids:
             self.abort(rid)
         self.scheduler.release_retired()
-        return [RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=message) for rid in rids]
+        failed, self.failed_alone = self.failed_alone, []
+        return failed + [
+            RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=message) for rid in rids
+        ]
 
     def snapshot(self, query_id: int = 0) -> EngineStats:
         s = self.stats

@@ -48,6 +48,9 @@ class RequestDelta:
     finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     cached_tokens: int = 0
     error: str | None = None
+    # With `error`: "invalid_request" when the engine refused the request's input (a 400 for an
+    # API client), "shutting_down" when the server is stopping; None for a failure of the engine.
+    error_code: str | None = None
 
 
 @dataclass

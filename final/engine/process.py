@@ -5,6 +5,11 @@ CUDA cannot be used in a forked child) running `engine_main`. The child binds tw
 in a private temporary folder: requests in (PULL), step outputs out (PUSH), then reports ready
 (or the error that stopped it) over a multiprocessing queue. Its loop drains the request socket,
 runs one step, sends the step's token ids, and blocks only when it has nothing to do.
+
+It never outlives the frontend, nor hangs on it (lifeline.py): the kernel kills it when its parent
+dies, its sends time out and look for a Shutdown or a dead parent, and the frontend's `shutdown`
+escalates from a Shutdown message to SIGTERM to SIGKILL, each after a bounded wait. A failure
+handling one request's message fails that request alone.
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from ..core.config import EngineConfig
 from ..core.errors import UserError
 from ..core.logs import setup_logging
 from .core import EngineCore
+from .lifeline import EngineExit, Inbox, Outbox, ParentWatch, die_with_parent
 from .messages import AbortRequest, AddRequest, EngineInfo, RequestDelta, Shutdown, StatsQuery, StepOutputs
 from .ranks import FAILED_EXIT_CODE as ENGINE_FAILED_EXIT  # a lost tensor-parallel rank
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 500  # how often an idle engine checks that its parent is still alive
+SHUTDOWN_GRACE_S = 5.0  # a Shutdown message, then SIGTERM, then SIGKILL, each after this long at most
 
 
 @dataclass
@@ -49,19 +56,26 @@ class EngineProcess:
     def is_alive(self) -> bool:
         return self.process.is_alive()
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Ask the engine to exit, then make sure it has."""
+    def shutdown(self, grace: float = SHUTDOWN_GRACE_S) -> None:
+        """Ask the engine to exit, then make sure it has: within about 2 x grace + 1 s, whatever
+        it is doing."""
         if self.process.is_alive():
-            ctx = zmq.Context.instance()
-            sock = ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 1000)
+            sock = zmq.Context.instance().socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 500)
             sock.connect(self.request_addr)
-            sock.send_pyobj(Shutdown())
+            try:
+                sock.send_pyobj(Shutdown(), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # it cannot be told: the signals below still work
             sock.close()
-            self.process.join(timeout)
+            self.process.join(grace)
         if self.process.is_alive():
+            log.warning("the engine did not stop within %.0f s; terminating it", grace)
             self.process.terminate()
-            self.process.join(5)
+            self.process.join(grace)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(1)
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
@@ -127,9 +141,10 @@ def engine_main(
     # Ctrl-C in the terminal reaches every process of the group. It is the frontend's to handle
     # (the shell stops an answer, the server shuts down and then stops us); we ignore it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = ParentWatch()
+    die_with_parent()  # before the model loads: a frontend killed meanwhile takes us along
     setup_logging(log_level)
     set_cpu_threads(config.device)
-    parent = os.getppid()
     try:
         core = EngineCore(config, Path(model_dir))
     except UserError as err:
@@ -146,6 +161,8 @@ def engine_main(
     ready.put(("ready", core.info()))
     try:
         serve(core, requests, outputs, parent)
+    except EngineExit as reason:
+        log.info("engine exiting: %s", reason)
     finally:
         core.close()  # the tensor-parallel ranks (none at --tp 1)
         requests.close(linger=0)
@@ -153,27 +170,22 @@ def engine_main(
         ctx.term()
 
 
-def serve(core: EngineCore, requests: zmq.Socket, outputs: zmq.Socket, parent_pid: int) -> None:
+def serve(core: EngineCore, requests: zmq.Socket, outputs: zmq.Socket, parent: ParentWatch) -> None:
+    """The loop, until EngineExit (a Shutdown message, or the frontend gone)."""
+    inbox = Inbox(requests)
+    outbox = Outbox(outputs, inbox, parent)
     poller = zmq.Poller()
     poller.register(requests, zmq.POLLIN)
     while True:
         # Block only when idle; with work to do, take whatever has arrived and go on.
-        if not dict(poller.poll(0 if core.has_work() else IDLE_POLL_MS)):
-            if not core.has_work() and os.getppid() != parent_pid:
-                log.info("the frontend is gone; engine exiting")
-                return
+        if not inbox.backlog and not dict(poller.poll(0 if core.has_work() else IDLE_POLL_MS)):
+            if parent.gone():
+                raise EngineExit("the frontend is gone")
         deltas: list[RequestDelta] = []
-        while True:
-            try:
-                msg = requests.recv_pyobj(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if isinstance(msg, Shutdown):
-                log.info("engine shutting down")
-                return
+        for msg in inbox.take_all():
             try:
                 reply = handle(core, msg)
-            except Exception as err:  # a bug in handling one message must not stop the engine
+            except Exception as err:  # a bug in handling one message fails that request alone
                 log.error("engine failed to handle %r:\n%s", msg, traceback.format_exc())
                 rid = getattr(msg, "rid", None)
                 reply = (
@@ -184,7 +196,7 @@ def serve(core: EngineCore, requests: zmq.Socket, outputs: zmq.Socket, parent_pi
             if isinstance(reply, RequestDelta):
                 deltas.append(reply)
             elif reply is not None:
-                outputs.send_pyobj(reply)
+                outbox.send(reply)
         if core.has_work() or core.failed:
             try:
                 deltas += core.step()
@@ -193,10 +205,12 @@ def serve(core: EngineCore, requests: zmq.Socket, outputs: zmq.Socket, parent_pi
                     log.error("engine step failed:\n%s", traceback.format_exc())
                 deltas += core.fail_all(f"the engine failed: {type(err).__name__}: {err}")
                 if core.failed:  # a tensor-parallel rank is lost: tell the clients, then exit
-                    outputs.send_pyobj(StepOutputs(deltas))
+                    outbox.send(StepOutputs(deltas))
                     raise SystemExit(ENGINE_FAILED_EXIT) from err
+            if parent.gone():
+                raise EngineExit("the frontend is gone")
         if deltas:
-            outputs.send_pyobj(StepOutputs(deltas))
+            outbox.send(StepOutputs(deltas))
 
 
 def handle(core: EngineCore, msg: object) -> object | None:
@@ -204,7 +218,9 @@ def handle(core: EngineCore, msg: object) -> object | None:
         try:
             core.add_request(msg.rid, msg.prompt_ids, msg.params)
         except UserError as err:
-            return RequestDelta(rid=msg.rid, token_ids=[], finish_reason="error", error=str(err))
+            return RequestDelta(
+                rid=msg.rid, token_ids=[], finish_reason="error", error=str(err), error_code="invalid_request"
+            )
         return None
     if isinstance(msg, AbortRequest):
         core.abort(msg.rid)

@@ -122,7 +122,7 @@ class Sampler:
         try:
             torch.tensor([params.temperature, params.top_p, params.min_p], dtype=torch.float32)
             torch.tensor([params.top_k], dtype=torch.int32)
-        except (OverflowError, RuntimeError, TypeError) as err:
+        except (OverflowError, RuntimeError, TypeError, ValueError) as err:
             raise UserError(f"a sampling parameter is out of range: {err}") from None
 
     def admit(self, row: int, params: SamplingParams) -> None:

@@ -35,12 +35,17 @@ class AsyncEngineClient:
         # Sends go through a plain socket: they never block, so they are safe in a `finally` of a
         # cancelled task; only the receiving side needs the event loop.
         self.sender = zmq.Context.instance().socket(zmq.PUSH)
+        # No high-water mark (admission bounds what is in flight) and no blocking send: a stalled
+        # engine must never stall the event loop, nor a shutdown.
+        self.sender.setsockopt(zmq.SNDHWM, 0)
+        self.sender.setsockopt(zmq.LINGER, 0)
         self.sender.connect(engine.request_addr)
         self.async_ctx = zmq.asyncio.Context()
         self.receiver = self.async_ctx.socket(zmq.PULL)
         self.receiver.connect(engine.output_addr)
         self.receive_task: asyncio.Task[None] | None = None
         self.dead = False
+        self.closed = False
 
     def start(self) -> None:
         self.receive_task = asyncio.get_running_loop().create_task(self._receive_loop())
@@ -55,17 +60,31 @@ class AsyncEngineClient:
         rid = next(self.rids)
         queue: asyncio.Queue[RequestDelta] = asyncio.Queue()
         self.queues[rid] = queue
-        if self.dead:
+        if self.dead or not self._send(AddRequest(rid, prompt_ids, params)):
             queue.put_nowait(RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=ENGINE_GONE))
-        else:
-            self.sender.send_pyobj(AddRequest(rid, prompt_ids, params))
         return rid, queue
+
+    def _send(self, msg: object) -> bool:
+        try:
+            self.sender.send_pyobj(msg, zmq.NOBLOCK)
+        except zmq.ZMQError as err:  # Again (cannot happen without a high-water mark) or closed
+            log.error("cannot send %s to the engine: %s", type(msg).__name__, err)
+            return False
+        return True
 
     def release(self, rid: int, abort: bool) -> None:
         """The caller is done with `rid`; with abort=True the engine drops it and frees its pages."""
         self.queues.pop(rid, None)
-        if abort and not self.dead:
-            self.sender.send_pyobj(AbortRequest(rid))
+        if abort and not self.dead and not self.closed:
+            self._send(AbortRequest(rid))
+
+    def fail_all(self, message: str, code: str | None = None) -> None:
+        """End every request in flight with an error (the server is shutting down): each of their
+        handlers sends its client an error and aborts the request in the engine."""
+        for rid, queue in self.queues.items():
+            queue.put_nowait(
+                RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=message, error_code=code)
+            )
 
     async def stats(self, timeout: float = 5.0) -> EngineStats:
         """A fresh snapshot from the engine (the last one known if it does not answer in time)."""
@@ -74,7 +93,7 @@ class AsyncEngineClient:
         query_id = next(self.query_ids)
         future: asyncio.Future[EngineStats] = asyncio.get_running_loop().create_future()
         self.stats_waiters[query_id] = future
-        self.sender.send_pyobj(StatsQuery(query_id))
+        self._send(StatsQuery(query_id))
         try:
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
@@ -112,6 +131,7 @@ class AsyncEngineClient:
             queue.put_nowait(RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=ENGINE_GONE))
 
     async def close(self) -> None:
+        self.closed = True  # handlers still finishing must not send on closed sockets
         if self.receive_task is not None:
             self.receive_task.cancel()
             try:

@@ -34,6 +34,7 @@ class RequestState:
         self.output = RequestOutput(prompt_ids=list(prompt_ids))
         self.arrival = time.perf_counter()
         self.error: str | None = None
+        self.error_code: str | None = None  # see RequestDelta.error_code
         # True when a stop string ended the request while the engine is still generating it: the
         # caller must abort it in the engine so its pages come back.
         self.needs_abort = False
@@ -50,7 +51,7 @@ class RequestState:
         out = self.output
         out.cached_tokens = delta.cached_tokens
         if delta.error is not None:
-            self.error = delta.error
+            self.error, self.error_code = delta.error, delta.error_code
             out.finish_reason = "error"
             out.latency_s = now
             return OutputDelta(text="", token_ids=[], finish_reason="error")

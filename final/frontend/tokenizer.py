@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 
 from ..core.errors import UserError
@@ -22,6 +23,13 @@ class Tokenizer:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for (the longest vocabulary entry), so a text of
+        more than `context * max_token_chars` characters cannot fit the context, whatever its
+        tokens: the server refuses such a text without tokenizing all of it."""
+        return max(1, max((len(piece) for piece in self.hf.get_vocab()), default=1))
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text))

@@ -1,10 +1,14 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn) in front of the engine process.
 
-launch.py       python -m final: start the engine process, then uvicorn
+launch.py       python -m final: start the engine process, then uvicorn; a bounded shutdown
 app.py          routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics
 openai_api.py   the two generation endpoints, streamed (SSE) or not
-protocol.py     request bodies: every field declared, the unsupported ones refused (400)
-generation.py   limits, admission (503 when overloaded), one request's round trip, abort
+body.py         reading a body: JSON only, size cap, valid Unicode, parsed off the loop if large
+protocol.py     request bodies: strict types and ranges, the unsupported fields refused (400)
+prompts.py      prompt token ids: over-long text refused early, tokenizing off the event loop
+admission.py    sequences in flight: atomic, 503 when full, 400 when a request never fits
+generation.py   limits, one request's round trip, abort
+security.py     the API key, CORS, the warning for open binds;  openapi.py  /openapi.json
 formatting.py   usage, logprobs and SSE frames;  errors.py  OpenAI error bodies
 metrics.py      Prometheus text format;  state.py  what the handlers share
 """

@@ -4,35 +4,57 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine.process import EngineProcess
 from ..frontend.client import AsyncEngineClient
+from . import security
 from .errors import APIError
+from .generation import ClientGone
 from .openai_api import chat_completions, completions
+from .openapi import build_openapi
 from .state import ServerState
 
 log = logging.getLogger(__name__)
 
+# final_requests_rejected_total{reason}, by status (a 404 model_not_found is counted where it is raised)
+REJECTION_REASONS = {400: "bad_request", 413: "too_large", 415: "media_type"}
 
-def create_app(make_state: StateFactory, engine: EngineProcess) -> FastAPI:
+
+def create_app(
+    make_state: StateFactory,
+    engine: EngineProcess,
+    api_key: str | None = None,
+    public_paths: Collection[str] = security.OPTIONAL_PUBLIC_PATHS,
+    allowed_origins: Collection[str] = (),
+    on_ready: Callable[[ServerState], None] | None = None,
+) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The client's sockets belong to the server's event loop, so they are made here.
         client = AsyncEngineClient(engine)
         client.start()
-        app.state.server = make_state(client)
+        app.state.server = state = make_state(client)
+        if on_ready is not None:
+            on_ready(state)
         try:
             yield
         finally:
             await client.close()
 
-    app = FastAPI(title="final", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="final",
+        description="An OpenAI-compatible LLM server (the llm-serving-from-scratch book's final engine).",
+        lifespan=lifespan,
+        redoc_url=None,
+    )
+    app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     started = int(time.time())
@@ -40,12 +62,11 @@ def create_app(make_state: StateFactory, engine: EngineProcess) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         state: ServerState = request.app.state.server
-        card = {
+        card = {  # the name only: never the model's path on this machine
             "id": state.served_model_name,
             "object": "model",
             "created": started,
             "owned_by": "final",
-            "root": state.info.model_dir,
             "max_model_len": state.info.max_context,
             "vocab_size": state.info.vocab_size,
         }
@@ -64,13 +85,12 @@ def create_app(make_state: StateFactory, engine: EngineProcess) -> FastAPI:
     async def metrics(request: Request) -> PlainTextResponse:
         state: ServerState = request.app.state.server
         stats = await state.client.stats()
-        text = state.metrics.render(stats, state.client.num_in_flight)
+        text = state.metrics.render(stats, state.admission.in_use)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> Response:
-        if err.status == 400:
-            request.app.state.server.metrics.rejected["bad_request"] += 1
+        count_rejection(request, err)
         return err.response()
 
     @app.exception_handler(HTTPException)
@@ -78,12 +98,50 @@ def create_app(make_state: StateFactory, engine: EngineProcess) -> FastAPI:
         kind = "not_found" if err.status_code == 404 else "invalid_request_error"
         return APIError(err.status_code, str(err.detail), type=kind).response()
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, err: Exception) -> Response:
-        log.exception("unexpected error serving %s", request.url.path)
-        return APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error").response()
-
+    # Innermost first: unexpected errors become a 500 here (the connection stays usable); the key
+    # check and CORS sit outside, so a request without the key never reaches a route.
+    app.add_middleware(InternalErrorMiddleware)
+    security.install(app, api_key, public_paths, allowed_origins)
     return app
+
+
+def count_rejection(request: Request, err: APIError) -> None:
+    state: ServerState | None = getattr(request.app.state, "server", None)
+    if state is None:
+        return
+    if err.code == "server_overloaded":
+        state.metrics.rejected["overloaded"] += 1
+    elif err.status in REJECTION_REASONS:
+        state.metrics.rejected[REJECTION_REASONS[err.status]] += 1
+
+
+class InternalErrorMiddleware:
+    """Anything unexpected becomes a 500 in OpenAI's shape, and is not raised further: Starlette's
+    own handler re-raises, and uvicorn then drops the keep-alive connection."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except ClientGone:  # normal: the request was aborted, nobody is there to answer
+            log.info("client went away: %s %s aborted", scope.get("method"), scope.get("path"))
+        except Exception as err:
+            log.exception("unexpected error serving %s", scope.get("path"))
+            if not started:
+                body = APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error")
+                await body.response()(scope, receive, send)
 
 
 class StateFactory:

@@ -29,11 +29,48 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         headers = {"Retry-After": "1"} if self.status == 503 else None
+        if self.status == 401:
+            headers = {"WWW-Authenticate": "Bearer"}
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def too_large(size: int | None, limit: int) -> APIError:
+    got = f"{size} bytes" if size is not None else "more"
+    return APIError(
+        413,
+        f"the request body is too large: {got}, the limit is {limit} bytes (--max-request-bytes)",
+        code="request_too_large",
+    )
+
+
+def unsupported_media_type(content_type: str) -> APIError:
+    return APIError(
+        415,
+        f"the request body must be JSON (Content-Type: application/json), got {content_type or 'none'!r}",
+        code="unsupported_media_type",
+    )
+
+
+def unauthorized() -> APIError:
+    return APIError(
+        401,
+        "missing or wrong API key: send the header 'Authorization: Bearer <key>' (--api-key)",
+        code="invalid_api_key",
+    )
+
+
+def never_fits(asked: int, limit: int) -> APIError:
+    return APIError(
+        400,
+        f"this request asks for {asked} sequences (prompts x n) but the server runs at most {limit} "
+        f"at once (--max-running-requests + --max-waiting-requests); split it into smaller requests",
+        param="n",
+        code="too_many_sequences",
+    )
 
 
 def overloaded(in_flight: int, limit: int) -> APIError:

@@ -1,7 +1,7 @@
 """From a validated request to text deltas: limits, admission, the engine round trip, metrics.
 
-`check_request` and `admit` raise APIErrors before anything is sent to the engine, so a bad
-request gets a 400 or 503 (never a hung stream). `generate` is one choice of one request: it
+`check_request` (and admission.py) raise APIErrors before anything is sent to the engine, so a
+bad request gets a 400 or 503 (never a hung stream). `generate` is one choice of one request: it
 yields OutputDeltas and, however it ends (finished, stop string, client gone, task cancelled),
 releases the request, aborting it in the engine if it is still running there, so its KV pages
 come back.
@@ -18,7 +18,7 @@ from ..core.errors import ContextLengthError, UserError
 from ..core.limits import max_new_tokens
 from ..core.sampling_params import SamplingParams
 from ..frontend.request_state import OutputDelta, RequestState
-from .errors import APIError, bad_request, overloaded
+from .errors import bad_request
 from .state import ServerState
 
 DISCONNECT_CHECK_S = 0.5  # how often a request checks that its client is still there
@@ -37,17 +37,6 @@ def check_request(state: ServerState, prompt_ids: list[int], params: SamplingPar
     except UserError as err:
         code = "context_length_exceeded" if isinstance(err, ContextLengthError) else None
         raise bad_request(str(err), code=code) from None
-
-
-def admit(state: ServerState, count: int) -> None:
-    in_flight = state.client.num_in_flight
-    if in_flight + count > state.max_in_flight:
-        state.metrics.rejected["overloaded"] += 1
-        raise overloaded(in_flight, state.max_in_flight)
-    if state.client.dead:
-        raise APIError(
-            503, "the engine process has stopped; restart the server", type="server_error", code="engine_dead"
-        )
 
 
 def sampling_for_choice(params: SamplingParams, index: int) -> SamplingParams:
@@ -96,7 +85,9 @@ async def generate(
     finally:
         # Still running in the engine: the client went away, the task was cancelled, or a stop
         # string ended it. Abort it there so its pages return to the pool.
-        engine_still_has_it = not request.finished or request.needs_abort
+        engine_still_has_it = (
+            not request.finished or request.needs_abort or request.error_code == "shutting_down"
+        )
         client.release(rid, abort=engine_still_has_it)
         if request.finished:
             metrics.finished[request.output.finish_reason or "unknown"] += 1

@@ -84,7 +84,12 @@ class Metrics:
         metric("generation_tokens_total", "counter", "Generated tokens.", [("", self.generation_tokens)])
         metric("requests_running", "gauge", "Requests decoding in the engine.", [("", stats.num_running)])
         metric("requests_waiting", "gauge", "Requests queued in the engine.", [("", stats.num_waiting)])
-        metric("requests_in_flight", "gauge", "Requests the API process is serving.", [("", in_flight)])
+        metric(
+            "requests_in_flight",
+            "gauge",
+            "Sequences (prompts x n) admitted and not yet answered: what the admission limit counts.",
+            [("", in_flight)],
+        )
         metric("kv_pages_total", "gauge", "Pages in the KV-cache pool.", [("", stats.num_pages)])
         metric("kv_pages_free", "gauge", "KV-cache pages on the free list.", [("", stats.free_pages)])
         metric(

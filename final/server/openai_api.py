@@ -1,8 +1,14 @@
-"""The two generation endpoints: /v1/chat/completions and /v1/completions, streamed or not."""
+"""The two generation endpoints: /v1/chat/completions and /v1/completions, streamed or not.
+
+A handler validates the body (protocol.py), takes its places in flight (admission.py: 503 when
+full, 400 when it could never fit), tokenizes off the event loop (prompts.py), and only then talks
+to the engine. Its places are given back however the response ends: returned, failed, streamed to
+the end, or cut off by the client.
+"""
 
 from __future__ import annotations
 
-import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,23 +18,21 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..core.errors import UserError
 from ..core.sampling_params import SamplingParams
 from ..frontend.request_state import OutputDelta, RequestState
+from .admission import Ticket
+from .body import read_json
 from .errors import APIError, bad_request, model_not_found
 from .formatting import SSE_DONE, SSE_HEADERS, chat_logprobs, completion_logprobs, sse, usage
-from .generation import ClientGone, Job, admit, check_request, generate_many, sampling_for_choice
+from .generation import ClientGone, Job, check_request, generate_many, sampling_for_choice
+from .prompts import chat_prompt, completion_prompts
 from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest, parse
 from .state import ServerState
 
-
-async def read_json(request: Request) -> Any:
-    body = await request.body()
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise bad_request(f"malformed JSON in the request body: {err}") from None
+log = logging.getLogger(__name__)
 
 
 def check_model(state: ServerState, model: str | None) -> None:
@@ -56,6 +60,21 @@ def sampling_params(req: CommonFields, max_tokens: int | None, logprobs: int | N
         raise bad_request(str(err)) from None
 
 
+class TicketedStream(StreamingResponse):
+    """A streamed response that gives its admission places back when it ends, even when it is
+    cancelled before its body starts (then the body's own `finally` never runs)."""
+
+    def __init__(self, ticket: Ticket, content: AsyncIterator[str]):
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.ticket = ticket
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.release()
+
+
 @dataclass
 class Choice:
     """What a non-streamed response accumulates for one choice."""
@@ -67,7 +86,13 @@ class Choice:
 
 
 def _engine_error(request: RequestState) -> APIError:
-    return APIError(500, request.error or "the engine failed", type="server_error", code="engine_error")
+    """What a request the engine failed (or refused) tells its client."""
+    message = request.error or "the engine failed"
+    if request.error_code == "invalid_request":  # the engine's own check refused the input
+        return bad_request(message)
+    if request.error_code == "shutting_down":
+        return APIError(503, message, type="server_error", code="shutting_down")
+    return APIError(500, message, type="server_error", code="engine_error")
 
 
 async def _collect(state: ServerState, jobs: list[Job], http: Request) -> tuple[list[Choice], int]:
@@ -110,23 +135,46 @@ async def _stream(
         yield SSE_DONE
     except ClientGone:
         return  # nobody to send to; generate() has aborted the requests
+    except Exception as err:  # the headers are sent: end the stream with an error event
+        log.exception("unexpected error while streaming")
+        yield sse(APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error").body())
+        yield SSE_DONE
 
 
 # ------------------------------------------------------------------------------------- chat
 
 
-async def chat_completions(http: Request) -> Response:
+async def _serve(
+    http: Request, model: type[ChatCompletionRequest | CompletionRequest], respond: Any
+) -> Response:
+    """Parse, check the model, take the request's places, respond; give the places back unless a
+    stream now owns them."""
     state: ServerState = http.app.state.server
-    req = parse(ChatCompletionRequest, await read_json(http))
+    req = parse(model, await read_json(http, state.max_request_bytes))
     check_model(state, req.model)
-    messages = [{"role": m.template_role(), "content": m.text()} for m in req.messages]
+    ticket = state.admission.reserve(req.num_sequences())
+    handed_over = False
     try:
-        prompt_ids = state.tokenizer.encode_chat(messages)
-    except UserError as err:
-        raise bad_request(str(err), param="messages") from None
+        response = await respond(state, req, http, ticket)
+        handed_over = isinstance(response, TicketedStream)
+        return response
+    finally:
+        if not handed_over:
+            ticket.release()
+
+
+async def chat_completions(http: Request) -> Response:
+    return await _serve(http, ChatCompletionRequest, _chat)
+
+
+async def completions(http: Request) -> Response:
+    return await _serve(http, CompletionRequest, _completion)
+
+
+async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, ticket: Ticket) -> Response:
     params = sampling_params(req, req.requested_max_tokens(), req.num_logprobs())
+    prompt_ids = await chat_prompt(state, req)
     check_request(state, prompt_ids, params)
-    admit(state, req.n)
     jobs = [Job(i, prompt_ids, sampling_for_choice(params, i)) for i in range(req.n)]
     head = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -180,23 +228,17 @@ async def chat_completions(http: Request) -> Response:
 
     firsts = [frame(i, {"role": "assistant", "content": ""}) for i in range(req.n)]
     stream = _stream(state, jobs, http, chunk, firsts, final_usage if req.include_usage else None)
-    return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+    return TicketedStream(ticket, stream)
 
 
 # ------------------------------------------------------------------------------ completions
 
 
-async def completions(http: Request) -> Response:
-    state: ServerState = http.app.state.server
-    req = parse(CompletionRequest, await read_json(http))
-    check_model(state, req.model)
+async def _completion(state: ServerState, req: CompletionRequest, http: Request, ticket: Ticket) -> Response:
     params = sampling_params(req, req.max_tokens, req.logprobs)
-    prompts: list[list[int]] = []
-    for prompt in req.prompts():
-        ids = state.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    prompts = await completion_prompts(state, req)
+    for ids in prompts:
         check_request(state, ids, params)
-        prompts.append(ids)
-    admit(state, req.n * len(prompts))
     jobs = [
         Job(p * req.n + i, ids, sampling_for_choice(params, i))
         for p, ids in enumerate(prompts)
@@ -246,4 +288,4 @@ async def completions(http: Request) -> Response:
         return {**base, "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached)}
 
     stream = _stream(state, jobs, http, chunk, [], final_usage if req.include_usage else None)
-    return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+    return TicketedStream(ticket, stream)

@@ -1,15 +1,21 @@
 """The request bodies the server accepts, and how they become prompts and SamplingParams.
 
+The models are strict, as OpenAI's API is: a number is not a string, a boolean is not a number
+(`"stream": "yes"`, `"max_tokens": true`, `"n": "2"` are 400s), every integer has a range the
+engine can represent (`top_k`, `seed`, `max_tokens` ... a value past it is a 400 naming the range,
+never an overflow inside the engine), and no number is NaN or infinite.
+
 Every field is declared; an undeclared one is rejected (extra="forbid") with a 400 naming it,
 so a client never believes a feature works when it is ignored. Fields whose defaults OpenAI
 clients send, or that change nothing at their neutral value, are accepted at that value only
 (presence_penalty=0, frequency_penalty=0, logit_bias={}, echo=false, response_format text).
-A JSON null means "not given", as in OpenAI's API.
+A JSON null means "not given", as in OpenAI's API. The same models produce /openapi.json
+(openapi.py), so the published schema is the one requests are checked against.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -17,67 +23,85 @@ from .errors import bad_request
 
 MAX_N = 16  # choices per request
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256  # a stop string is matched against the text at every token
+MAX_STOP_TOKEN_IDS = 64
+INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32 device tensors
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # OpenAI's range for seed (a torch.Generator takes it)
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+PromptText = Annotated[str, Field(min_length=1)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
 
 
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict[str, Any]]  # a string, or content parts of which only text is supported
-
-    @model_validator(mode="after")
-    def _text_parts_only(self) -> ChatMessage:
-        if isinstance(self.content, list):
-            for part in self.content:
-                if (
-                    part.get("type") != "text"
-                    or not isinstance(part.get("text"), str)
-                    or set(part) - {"type", "text"}
-                ):
-                    raise ValueError(f"only text content parts are supported, got {part.get('type')!r}")
-        return self
+    # A string, or content parts of which only text is supported.
+    content: str | Annotated[list[TextPart], Field(min_length=1)]
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p["text"] for p in self.content)
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def template_role(self) -> str:
         return "system" if self.role == "developer" else self.role  # OpenAI's newer name for system
 
 
-class ResponseFormat(BaseModel):
-    type: str
+class ResponseFormat(StrictModel):
+    # json_object / json_schema need structured output, which we lack
+    type: Literal["text"]
 
-    @model_validator(mode="after")
-    def _text_only(self) -> ResponseFormat:
-        if self.type != "text":  # json_object / json_schema need structured output, which we lack
-            raise ValueError(f"response_format {self.type!r} is not supported (only 'text')")
-        return self
+
+def _needs(field: str, **condition: Any) -> dict[str, Any]:
+    """JSON Schema for "`field`, when given and not null, needs these other fields' values", so the
+    published schema states the cross-field rules the validators below enforce."""
+    required = {
+        "properties": {name: {"const": value} for name, value in condition.items()},
+        "required": list(condition),
+    }
+    return {field: {"anyOf": [{"properties": {field: {"type": "null"}}}, required]}}
+
+
+STREAM_OPTIONS_NEEDS_STREAM = _needs("stream_options", stream=True)
+
+
+def _only(value: Any) -> Any:
+    """A field accepted at its neutral value only; the schema says so (JSON Schema `enum`)."""
+    return Field(value, json_schema_extra={"enum": [value]})
 
 
 class CommonFields(StrictModel):
     model: str | None = None
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)  # extension (vLLM, SGLang): -1 or 0 no limit
-    min_p: float = Field(0.0, ge=0, le=1)  # extension
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] = Field(default_factory=list)  # extension
-    ignore_eos: bool = False  # extension
+    top_k: int = Field(-1, ge=-1, le=INT32_MAX, description="extension: -1 or 0 for no limit")
+    min_p: float = Field(0.0, ge=0, le=1, description="extension")
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: list[TokenId] = Field(
+        default_factory=list, max_length=MAX_STOP_TOKEN_IDS, description="extension"
+    )
+    ignore_eos: bool = Field(False, description="extension")
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
     user: str | None = None  # an end-user id for the client's own records; changes no output
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0  # extension
-    logit_bias: dict[str, float] = Field(default_factory=dict)
+    presence_penalty: float = _only(0.0)
+    frequency_penalty: float = _only(0.0)
+    repetition_penalty: float = _only(1.0)  # extension
+    logit_bias: dict[str, float] = Field(default_factory=dict, json_schema_extra={"maxProperties": 0})
 
     @model_validator(mode="after")
     def _neutral_only(self) -> CommonFields:
@@ -90,6 +114,8 @@ class CommonFields(StrictModel):
                 raise ValueError(f"{name} is not supported (only {neutral:g})")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported (only {})")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
         return self
 
     def stops(self) -> list[str]:
@@ -103,11 +129,19 @@ class CommonFields(StrictModel):
 
 
 class ChatCompletionRequest(CommonFields):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "dependentSchemas": {**STREAM_OPTIONS_NEEDS_STREAM, **_needs("top_logprobs", logprobs=True)}
+        }
+    )
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(
+        None, ge=1, le=INT32_MAX, description="the newer name of max_tokens; wins when both are given"
+    )
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="needs logprobs: true")
     response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
@@ -122,14 +156,24 @@ class ChatCompletionRequest(CommonFields):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def num_sequences(self) -> int:
+        return self.n
+
 
 class CompletionRequest(CommonFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int = Field(16, ge=1)  # OpenAI's default for completions
+    model_config = ConfigDict(json_schema_extra={"dependentSchemas": STREAM_OPTIONS_NEEDS_STREAM})
+
+    prompt: (
+        PromptText
+        | Annotated[list[PromptText], Field(min_length=1)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    ) = Field(description="a string, a list of strings, a list of token ids, or a list of those")
+    max_tokens: int = Field(16, ge=1, le=INT32_MAX)  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    echo: bool = _only(False)
+    suffix: str | None = Field(None, json_schema_extra={"maxLength": 0})
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="only equal to n")
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
@@ -139,8 +183,6 @@ class CompletionRequest(CommonFields):
             raise ValueError("suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (only equal to n)")
-        if isinstance(self.prompt, list) and not self.prompt:
-            raise ValueError("prompt is empty")
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -152,6 +194,24 @@ class CompletionRequest(CommonFields):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
 
+    def num_sequences(self) -> int:
+        """Prompts × n: what the request asks the engine to run (counted before tokenizing)."""
+        p = self.prompt
+        prompts = 1 if isinstance(p, str) or all(isinstance(x, int) for x in p) else len(p)
+        return prompts * self.n
+
+
+# What a union field may be, for its error message: pydantic reports one error per branch.
+UNION_FIELDS = {
+    "prompt": "a non-empty string, a list of them, a list of token ids, or a list of lists of token ids",
+    "stop": f"a string or a list of at most {MAX_STOP_STRINGS} strings, each of 1 to {MAX_STOP_CHARS} "
+    "characters",
+    "content": "a string or a non-empty list of text parts",
+}
+
+
+TYPE_LABELS = {"str", "int", "float", "bool"}
+
 
 def parse(model: type[StrictModel], body: Any) -> Any:
     """Validate a decoded JSON body; a 400 naming the first offending field otherwise."""
@@ -161,13 +221,28 @@ def parse(model: type[StrictModel], body: Any) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as err:
-        first = err.errors()[0]
-        param = _param_name(first.get("loc", ()))
+        first = err.errors(include_url=False)[0]
+        loc = tuple(first.get("loc", ()))
+        param = _param_name(loc)
         if first.get("type") == "extra_forbidden":
             raise bad_request(
                 f"unsupported field {param!r}: this server does not implement it", param=param
             ) from None
+        union = next((name for name in UNION_FIELDS if name in loc and name != loc[-1]), None)
+        if union is not None:
+            # One error per branch of the union: a range error in the branch whose type matched
+            # says more than "must be a string or ...".
+            same = [e for e in err.errors(include_url=False) if union in e.get("loc", ())]
+            ranged = [e for e in same if not str(e.get("type", "")).endswith("_type")]
+            if ranged:
+                first, loc = ranged[0], tuple(ranged[0]["loc"])
+                param = _param_name(loc)
+            else:
+                at = _param_name(loc[: loc.index(union) + 1])
+                raise bad_request(f"{at}: must be {UNION_FIELDS[union]}", param=at) from None
         message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        if "content" in loc and loc[-1] == "type":
+            message = f"only text content parts are supported (type 'text'), got {first.get('input')!r}"
         raise bad_request(f"{param}: {message}" if param else message, param=param or None) from None
 
 
@@ -176,15 +251,8 @@ def _param_name(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in (
-            "str",
-            "list[TextPart]",
-            "list[str]",
-            "list[int]",
-            "list[list[int]]",
-            "function-after[_neutral_only()]",
-        ):
-            continue  # pydantic's union-branch labels, not field names
+        elif not isinstance(part, str) or not part.isidentifier() or part in TYPE_LABELS:
+            continue  # pydantic's union-branch labels (`str`, `list[int]`, ...), not fields
         else:
-            out += f".{part}" if out else str(part)
+            out += f".{part}" if out else part
     return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..engine.messages import EngineInfo
 from ..frontend.client import AsyncEngineClient
 from ..frontend.tokenizer import Tokenizer
+from .admission import Admission
 from .metrics import Metrics
 
 
@@ -17,5 +18,15 @@ class ServerState:
     info: EngineInfo
     served_model_name: str
     accepted_model_names: set[str]  # what `model` may say: the served name, the --model value
-    max_in_flight: int  # --max-running-requests + --max-waiting-requests
+    max_in_flight: int  # --max-running-requests + --max-waiting-requests, in sequences
+    max_request_bytes: int  # --max-request-bytes
     metrics: Metrics = field(default_factory=Metrics)
+    admission: Admission = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.max_in_flight)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """No text longer than this can fit the context, whatever its tokens (see Tokenizer)."""
+        return self.info.max_context * self.tokenizer.max_token_chars

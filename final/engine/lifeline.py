@@ -1,0 +1,98 @@
+"""How a child process of the frontend (the engine, a rank) never outlives it, and never hangs on
+a frontend that stopped reading.
+
+- `die_with_parent`: on Linux the kernel sends the child SIGKILL the moment its parent dies
+  (prctl PR_SET_PDEATHSIG), whatever the child is doing: loading weights, running a step, or
+  blocked in a send. Elsewhere the child polls (`ParentWatch`).
+- `Outbox`: the engine's sends time out (ZMQ's SNDTIMEO) instead of blocking forever when the
+  frontend's receiving socket is gone (a PUSH with no peer blocks); while a send waits, the engine
+  checks that its parent is alive and whether a Shutdown arrived, and gives up on either.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+from collections import deque
+from typing import Any
+
+import zmq
+
+from .messages import Shutdown
+
+log = logging.getLogger(__name__)
+
+SEND_TIMEOUT_MS = 500  # how long one send may block before the engine looks around
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent exits (Linux; a no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError) as err:  # no libc to load: the polling still works
+        log.warning("cannot ask to die with the parent process: %s", err)
+
+
+class ParentWatch:
+    def __init__(self, parent_pid: int | None = None):
+        self.parent_pid = os.getppid() if parent_pid is None else parent_pid
+
+    def gone(self) -> bool:
+        return os.getppid() != self.parent_pid  # an orphan is re-parented (to init or a reaper)
+
+
+class EngineExit(Exception):
+    """Stop serving: a Shutdown arrived, or the frontend is gone."""
+
+
+class Inbox:
+    """The request socket, with a backlog for what was read while a send was waiting."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.backlog: deque[Any] = deque()
+
+    def drain(self) -> None:
+        """Read everything that has arrived into the backlog; EngineExit on a Shutdown."""
+        while True:
+            try:
+                msg = self.sock.recv_pyobj(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if isinstance(msg, Shutdown):
+                raise EngineExit("a Shutdown message arrived")
+            self.backlog.append(msg)
+
+    def take_all(self) -> list[Any]:
+        self.drain()
+        out = list(self.backlog)
+        self.backlog.clear()
+        return out
+
+
+class Outbox:
+    def __init__(self, sock: zmq.Socket, inbox: Inbox, parent: ParentWatch):
+        sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+        self.sock, self.inbox, self.parent = sock, inbox, parent
+
+    def send(self, msg: Any) -> None:
+        waited = False
+        while True:
+            try:
+                self.sock.send_pyobj(msg)
+                return
+            except zmq.Again:
+                if self.parent.gone():
+                    raise EngineExit("the frontend is gone") from None
+                self.inbox.drain()  # a Shutdown ends the wait
+                if not waited:
+                    log.warning("the frontend is not reading the engine's outputs; waiting")
+                    waited = True
