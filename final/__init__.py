@@ -27,8 +27,28 @@ scheduling (engine/overlap.py) and tensor parallelism (distributed/, sharded lay
 land as their stages do; their flags exist already.
 """
 
-from .core.outputs import RequestOutput
-from .core.sampling_params import SamplingParams
-from .llm import LLM
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .core.outputs import RequestOutput
+    from .core.sampling_params import SamplingParams
+    from .llm import LLM
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]
+
+
+def __getattr__(name: str):
+    # Loaded on first use: `python -m final --help` must not wait for torch, which llm.py imports.
+    if name == "LLM":
+        from .llm import LLM
+
+        return LLM
+    if name == "RequestOutput":
+        from .core.outputs import RequestOutput
+
+        return RequestOutput
+    if name == "SamplingParams":
+        from .core.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,10 @@ from typing import Any
 
 from .errors import UserError
 
+# New tokens of a request that sets no max_tokens: the offline API's default, and the server's and
+# the shell's cap (--max-tokens; frontend/sampling_defaults.py), so every answer ends.
+DEFAULT_MAX_TOKENS = 256
+
 
 @dataclass
 class SamplingParams:
@@ -20,7 +24,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None  # a private random stream: same seed, same output
-    max_tokens: int | None = 256  # None: as many as the context and the KV pool leave room for
+    max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: as many as the context and the KV pool leave room for
     stop: list[str] = field(default_factory=list)  # stop strings, cut from the text
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False

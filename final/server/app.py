@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from ..engine.process import EngineProcess
 from ..frontend.client import AsyncEngineClient
 from .errors import APIError
+from .generation import ClientGone
 from .openai_api import chat_completions, completions
 from .state import ServerState
 
@@ -77,6 +78,12 @@ def create_app(make_state: StateFactory, engine: EngineProcess) -> FastAPI:
     async def http_error(request: Request, err: HTTPException) -> Response:
         kind = "not_found" if err.status_code == 404 else "invalid_request_error"
         return APIError(err.status_code, str(err.detail), type=kind).response()
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, err: ClientGone) -> Response:
+        # Logged once, by generation.generate; nobody reads this answer. 499 is nginx's
+        # "client closed request", so access logs tell it from a real failure.
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception) -> Response:

@@ -8,6 +8,7 @@ import socket
 
 from ..core.config import EngineConfig
 from ..core.errors import UserError
+from ..frontend.sampling_defaults import sampling_flags
 from ..frontend.startup import start_frontend
 from .app import StateFactory, create_app
 
@@ -39,8 +40,10 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
         log_level,
         checks=[check_flags, lambda: check_port_free(args.host, args.port)],
         on_loading=lambda model_dir: log.info("starting the engine for %s", model_dir),
+        generation_config=args.generation_config,
+        sampling_flags=sampling_flags(args),
     )
-    engine, model_dir = frontend.engine, frontend.model_dir
+    engine, model_dir, defaults = frontend.engine, frontend.model_dir, frontend.sampling_defaults
     served = args.served_model_name or model_dir.name
     accepted = {served, model_dir.name, str(model_dir)} | ({config.model} if config.model else set())
     state = StateFactory(
@@ -49,20 +52,23 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
         served_model_name=served,
         accepted_model_names=accepted,
         max_in_flight=config.max_running_requests + args.max_waiting_requests,
+        sampling_defaults=defaults,
     )
     info = engine.info
     log.info(
-        "serving %r on http://%s:%d (device %s, %s, attention %s, %d KV pages of %d tokens, cache %s)",
+        "serving %r on http://%s:%d (device %s, %s, attention %s, KV cache of %d tokens, page size %d, "
+        "prefix cache %s)",
         served,
         args.host,
         args.port,
         info.device,
         info.dtype,
         info.attn,
-        info.num_pages,
+        info.kv_capacity,
         info.page_size,
         info.cache,
     )
+    log.info("sampling defaults for requests that leave them out: %s", defaults.describe())
     try:
         uvicorn.run(
             create_app(state, engine),

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..core.errors import UserError
 from ..core.sampling_params import SamplingParams
 from ..frontend.request_state import OutputDelta, RequestState
+from ..frontend.sampling_defaults import fit_default_max_tokens
 from .errors import APIError, bad_request, model_not_found
 from .formatting import SSE_DONE, SSE_HEADERS, chat_logprobs, completion_logprobs, sse, usage
 from .generation import ClientGone, Job, admit, check_request, generate_many, sampling_for_choice
@@ -37,14 +38,21 @@ def check_model(state: ServerState, model: str | None) -> None:
         raise model_not_found(model, state.served_model_name)
 
 
-def sampling_params(req: CommonFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    """The request's sampling parameters; max_tokens None: as many as the context leaves room for."""
+def sampling_params(
+    state: ServerState, req: CommonFields, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
+    """The request's sampling parameters; those it leaves out (max_tokens None included) come from
+    the server's defaults: its flags, the model's generation_config.json (frontend/sampling_defaults.py)."""
+
+    def given(name: str) -> Any:
+        return getattr(req, name) if name in req.model_fields_set else None
+
     try:
-        return SamplingParams(
-            temperature=req.temperature,
-            top_k=req.top_k,
-            top_p=req.top_p,
-            min_p=req.min_p,
+        return state.sampling_defaults.params(
+            temperature=given("temperature"),
+            top_k=given("top_k"),
+            top_p=given("top_p"),
+            min_p=given("min_p"),
             seed=req.seed,
             max_tokens=max_tokens,
             stop=req.stops(),
@@ -124,7 +132,12 @@ async def chat_completions(http: Request) -> Response:
         prompt_ids = state.tokenizer.encode_chat(messages)
     except UserError as err:
         raise bad_request(str(err), param="messages") from None
-    params = sampling_params(req, req.requested_max_tokens(), req.num_logprobs())
+    params = sampling_params(state, req, req.requested_max_tokens(), req.num_logprobs())
+    if req.requested_max_tokens() is None:  # the default cap shrinks to the room left, never fails
+        info = state.info
+        params = fit_default_max_tokens(
+            params, prompt_ids, info.max_context, info.vocab_size, info.kv_capacity
+        )
     check_request(state, prompt_ids, params)
     admit(state, req.n)
     jobs = [Job(i, prompt_ids, sampling_for_choice(params, i)) for i in range(req.n)]
@@ -190,7 +203,7 @@ async def completions(http: Request) -> Response:
     state: ServerState = http.app.state.server
     req = parse(CompletionRequest, await read_json(http))
     check_model(state, req.model)
-    params = sampling_params(req, req.max_tokens, req.logprobs)
+    params = sampling_params(state, req, req.max_tokens, req.logprobs)
     prompts: list[list[int]] = []
     for prompt in req.prompts():
         ids = state.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..engine.messages import EngineInfo
 from ..frontend.client import AsyncEngineClient
+from ..frontend.sampling_defaults import SamplingDefaults
 from ..frontend.tokenizer import Tokenizer
 from .metrics import Metrics
 
@@ -19,3 +20,5 @@ class ServerState:
     accepted_model_names: set[str]  # what `model` may say: the served name, the --model value
     max_in_flight: int  # --max-running-requests + --max-waiting-requests
     metrics: Metrics = field(default_factory=Metrics)
+    # what a request gets for the sampling parameters it leaves out (frontend/sampling_defaults.py)
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
