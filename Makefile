@@ -7,7 +7,7 @@ PROMPT ?= What is the capital of France?
 ARGS ?=
 NOTEBOOKS := $(wildcard docs/notebooks/*.py)
 
-.PHONY: setup model run shell ask test test-cpu notebooks docs docs-gen docs-serve lint bench gpu-test clean
+.PHONY: setup model run shell ask test test-cpu notebooks lab docs docs-gen docs-serve lint bench bench-startup gpu-test clean
 
 # A virtual environment with the project and its test and docs extras. On a machine without CUDA
 # we install the CPU wheel of torch first: an unpinned torch would pull gigabytes of CUDA wheels.
@@ -36,7 +36,7 @@ shell: model
 
 # One prompt, one greedy answer, from the simplest engine (stage 01); PROMPT="..." asks another.
 ask: model
-	$(BIN)/python -m stages.01_naive_generate --chat --prompt "$(PROMPT)"
+	$(BIN)/python -m stages.01_naive_generate --prompt "$(PROMPT)"
 
 # The whole CPU suite: unit and conformance tests, executed notebooks, and the strict docs build.
 test: model notebooks
@@ -47,6 +47,19 @@ notebooks: setup
 	@mkdir -p build/notebooks
 	@for nb in $(NOTEBOOKS); do $(BIN)/jupytext -q --to ipynb -o build/notebooks/$$(basename $$nb .py).ipynb $$nb; done
 	@touch build/notebooks/.keep
+
+# The notebooks in JupyterLab: installs JupyterLab into the venv the first time (CI never needs
+# it), writes build/lab/*.ipynb from docs/notebooks/*.py (again only when a source is newer, so
+# your edits in Lab survive) and opens them. LAB_ARGS="--no-browser --port 8888" for a remote machine.
+LAB_NOTEBOOKS := $(patsubst docs/notebooks/%.py,build/lab/%.ipynb,$(NOTEBOOKS))
+LAB_ARGS ?=
+build/lab/%.ipynb: docs/notebooks/%.py | setup
+	@mkdir -p build/lab
+	$(BIN)/jupytext -q --to ipynb -o $@ $<
+
+lab: model $(LAB_NOTEBOOKS)
+	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -q jupyterlab
+	$(BIN)/python -m jupyterlab $(LAB_ARGS) $(LAB_NOTEBOOKS)
 
 docs-gen: setup
 	$(BIN)/python scripts/render_diffs.py
@@ -75,6 +88,13 @@ bench: model
 	$(BENCH) --engine stages.02_paged_kv --workload offline --scale 0.05 --name stage02_offline_cpu
 	$(BENCH) --engine stages.02_paged_kv --workload offline --scale 0.05 --engine-arg max_running_requests=1 --name stage02_offline_serial_cpu
 	$(BENCH) --engine stages.01_naive_generate --workload offline --scale 0.05 --name stage01_offline_cpu
+	$(BIN)/python scripts/render_results.py
+
+# Start-up time of every stage's command line and of final/: `--help` (parsed before torch is
+# imported) and, for stage 01, where a real run's start-up goes. Results in benchmarks/results/
+# (*_startup_cpu.json); the docs tables are regenerated. Meaningful on a quiet machine only.
+bench-startup: model
+	$(BIN)/python scripts/bench_startup.py
 	$(BIN)/python scripts/render_results.py
 
 # GPU benchmarks on a CUDA host (its own Python with the GPU kit, no venv, no package index), with
