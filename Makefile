@@ -9,7 +9,7 @@ NOTEBOOKS := $(wildcard docs/notebooks/*.py)
 # No mkdocs-material banner about its successor on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup model run shell ask test test-cpu notebooks notebooks-run docs docs-gen docs-assets docs-serve browser lint bench gpu-test soak clean
+.PHONY: setup model run shell ask test test-cpu notebooks notebooks-run lab docs docs-gen docs-assets docs-serve browser lint bench bench-startup gpu-test soak clean
 
 # A virtual environment with the project and its test and docs extras. On a machine without CUDA
 # we install the CPU wheel of torch first: an unpinned torch would pull gigabytes of CUDA wheels.
@@ -38,7 +38,7 @@ shell: model
 
 # One prompt, one greedy answer, from the simplest engine (stage 01); PROMPT="..." asks another.
 ask: model
-	$(BIN)/python -m stages.01_naive_generate --chat --prompt "$(PROMPT)"
+	$(BIN)/python -m stages.01_naive_generate --prompt "$(PROMPT)"
 
 # The whole CPU suite: unit and conformance tests, the notebooks executed (once: the site shows
 # these very runs), the strict docs build, and the built site checked in headless Chromium.
@@ -72,6 +72,19 @@ docs-assets: setup
 # installed the test skips and says why.
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: the browser test will skip"
+
+# The notebooks in JupyterLab: installs JupyterLab into the venv the first time (CI never needs
+# it), writes build/lab/*.ipynb from docs/notebooks/*.py (again only when a source is newer, so
+# your edits in Lab survive) and opens them. LAB_ARGS="--no-browser --port 8888" for a remote machine.
+LAB_NOTEBOOKS := $(patsubst docs/notebooks/%.py,build/lab/%.ipynb,$(NOTEBOOKS))
+LAB_ARGS ?=
+build/lab/%.ipynb: docs/notebooks/%.py | setup
+	@mkdir -p build/lab
+	$(BIN)/jupytext -q --to ipynb -o $@ $<
+
+lab: model $(LAB_NOTEBOOKS)
+	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -q jupyterlab
+	$(BIN)/python -m jupyterlab $(LAB_ARGS) $(LAB_NOTEBOOKS)
 
 docs-gen: setup
 	$(BIN)/python scripts/render_diffs.py
@@ -131,6 +144,13 @@ bench-ch04: model
 	$(CH04) --engine-arg max_prefill_length=64 --engine-arg chunk_policy=mixed --name stage04_long_prompt_mixed_64_cpu
 	$(CH04) --engine-arg max_prefill_length=256 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_256_cpu
 	$(CH04) --engine-arg max_prefill_length=64 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_64_cpu
+	$(BIN)/python scripts/render_results.py
+
+# Start-up time of every stage's command line and of final/: `--help` (parsed before torch is
+# imported) and, for stage 01, where a real run's start-up goes. Results in benchmarks/results/
+# (*_startup_cpu.json); the docs tables are regenerated. Meaningful on a quiet machine only.
+bench-startup: model
+	$(BIN)/python scripts/bench_startup.py
 	$(BIN)/python scripts/render_results.py
 
 # GPU benchmarks on a CUDA host (its own Python with the GPU kit, no venv, no package index), with

@@ -30,8 +30,28 @@ overlap scheduling (engine/core.py) and tensor parallelism (`--tp N`: distribute
 layers of models/, engine/ranks.py), ahead of their stages.
 """
 
-from .core.outputs import RequestOutput
-from .core.sampling_params import SamplingParams
-from .llm import LLM
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .core.outputs import RequestOutput
+    from .core.sampling_params import SamplingParams
+    from .llm import LLM
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]
+
+
+def __getattr__(name: str):
+    # Loaded on first use: `python -m final --help` must not wait for torch, which llm.py imports.
+    if name == "LLM":
+        from .llm import LLM
+
+        return LLM
+    if name == "RequestOutput":
+        from .core.outputs import RequestOutput
+
+        return RequestOutput
+    if name == "SamplingParams":
+        from .core.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from .attention import describe_auto
+from .core.attention_auto import describe_auto
 from .core.config import CHUNK_POLICIES, EngineConfig
-from .kvcache import PREFIX_CACHES
+from .core.sampling_params import DEFAULT_MAX_TOKENS
 
 DEFAULT_HOST = "127.0.0.1"  # loopback: serving beyond this machine is an explicit choice
 DEFAULT_PORT = 1919
@@ -33,6 +33,11 @@ def _public_paths(text: str) -> list[str]:
             f"{', '.join(unknown)} cannot be public; choose from {', '.join(PUBLIC_PATHS)} (or none)"
         )
     return paths
+
+
+# kvcache/registry.py's PREFIX_CACHES, written out so that `--help` imports no torch (the kvcache
+# package does); tests/test_cli_start.py keeps the two equal.
+PREFIX_CACHE_NAMES = ("radix", "naive")
 
 
 def _positive_or_zero(text: str) -> int:
@@ -138,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache",
         "--cache-type",
         default=defaults.cache,
-        choices=list(PREFIX_CACHES),
+        choices=list(PREFIX_CACHE_NAMES),
         help="prefix cache: radix reuses the KV of shared prompt prefixes; naive recomputes every prompt",
     )
     engine.add_argument(
@@ -196,6 +201,44 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.dist_timeout,
         help="seconds a collective may wait for the other ranks, and (at most 30) a rank may go "
         "unheard, before the engine stops with a message naming the rank",
+    )
+
+    sampling = p.add_argument_group(
+        "sampling",
+        "Defaults for the requests that leave a parameter out (the server) and the shell's own "
+        "values (/set changes them). A request's own value wins, then these flags, then the model's "
+        "generation_config.json, then the built-in value.",
+    )
+    sampling.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="0 is greedy; default: generation_config.json's, else 1.0 (OpenAI's) for the server and "
+        "0 for the shell",
+    )
+    sampling.add_argument(
+        "--top-p", type=float, default=None, help="default: generation_config.json's, else 1.0"
+    )
+    sampling.add_argument(
+        "--top-k", type=int, default=None, help="-1: no limit; default: generation_config.json's, else -1"
+    )
+    sampling.add_argument(
+        "--min-p", type=float, default=None, help="default: generation_config.json's, else 0"
+    )
+    sampling.add_argument(
+        "--max-tokens",
+        type=_positive_or_zero,
+        default=None,
+        help="most new tokens of a chat request that sets no max_tokens (completions keep OpenAI's 16) "
+        "and of a shell answer, capped by the room left in the context; 0: no cap; default: "
+        f"generation_config.json's max_new_tokens, else {DEFAULT_MAX_TOKENS}",
+    )
+    sampling.add_argument(
+        "--generation-config",
+        default="auto",
+        metavar="{auto,none,FOLDER}",
+        help="where the defaults above come from: the model folder's generation_config.json (auto), "
+        "nowhere (none: built-in values), or FOLDER/generation_config.json",
     )
 
     server = p.add_argument_group("server")

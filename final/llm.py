@@ -4,6 +4,13 @@
     llm = LLM()                                   # the default model; LLM("Qwen/Qwen3-0.6B", attn="fi")
     llm = LLM("Qwen/Qwen3-8B", tp=2)              # sharded over 2 GPUs (ranks 1.. in processes of their own)
     outs = llm.generate(["Hello, my name is"], SamplingParams(temperature=0, max_tokens=32))
+    outs = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                    SamplingParams(temperature=0, max_tokens=32))
+
+`chat` wraps each conversation in the model's chat template, as the server's
+/v1/chat/completions does; `generate` sends text as it is. Without `params`, both use the model's
+generation_config.json where it sets a value (`generation_config="none"` ignores it), else
+SamplingParams' own defaults (frontend/sampling_defaults.py).
 
 `add_request` / `step` / `has_unfinished` drive the same engine one step at a time, for callers
 that add requests while others run.
@@ -17,25 +24,34 @@ from typing import Any
 from tqdm import tqdm
 
 from .core.config import EngineConfig
+from .core.errors import UserError
 from .core.model_config import ModelConfig
 from .core.outputs import RequestOutput
 from .core.sampling_params import SamplingParams
 from .engine import EngineCore
 from .frontend.request_state import RequestState
-from .frontend.tokenizer import Tokenizer
+from .frontend.sampling_defaults import resolve_sampling_defaults
+from .frontend.tokenizer import Message, Tokenizer
 
 Prompt = str | Sequence[int]
+Conversation = Sequence[Message]
 
 
 class LLM:
     def __init__(
-        self, model: str | None = None, device: str = "auto", dtype: str = "auto", **engine_kwargs: Any
+        self,
+        model: str | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        generation_config: str = "auto",
+        **engine_kwargs: Any,
     ):
         self.engine_config = EngineConfig.from_kwargs(
             model=model, device=device, dtype=dtype, **engine_kwargs
         )
         self.core = EngineCore(self.engine_config)
         self.tokenizer = Tokenizer(self.core.model_dir)
+        self.sampling_defaults = resolve_sampling_defaults(self.core.model_dir, generation_config)
         self.requests: dict[int, RequestState] = {}
         self.next_rid = 0
 
@@ -62,10 +78,15 @@ class LLM:
     def dtype(self):
         return self.core.dtype
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a call without `params` uses: the model's generation_config.json, else the built-in
+        defaults (vLLM's method of the same name)."""
+        return self.sampling_defaults.params()
+
     def add_request(self, prompt: Prompt, params: Any = None) -> int:
         """Queue a prompt (text, tokenized without a chat template, or token ids); return its id.
         `params` is a SamplingParams, or any object with the same attribute names."""
-        sampling = SamplingParams.coerce(params)
+        sampling = self.get_default_sampling_params() if params is None else SamplingParams.coerce(params)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         rid = self.next_rid
         self.core.add_request(rid, ids, sampling)
@@ -110,3 +131,19 @@ class LLM:
                         results[order[rid]] = out
                         bar.update(1)
         return results  # type: ignore[return-value]
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        params: Any = None,
+        progress: bool = True,
+    ) -> list[RequestOutput]:
+        """Answer one conversation (a list of {"role", "content"} messages) or several (a list of
+        such lists): each goes through the model's chat template, the server's own encode_chat,
+        and the answer follows the assistant's turn. One output per conversation."""
+        if not messages:
+            raise UserError("chat() needs at least one message")
+        one = isinstance(messages[0], dict)
+        conversations: list[Conversation] = [messages] if one else list(messages)  # type: ignore[list-item]
+        prompts = [self.tokenizer.encode_chat(list(c)) for c in conversations]
+        return self.generate(prompts, params, progress)

@@ -1,5 +1,6 @@
-"""`python -m final --shell` driven through a pseudo-terminal, as a person would: a question, Ctrl-C
-in the middle of an answer, /reset, an unknown command, /exit."""
+"""`python -m final --shell` driven through a pseudo-terminal, as a person would: a question with
+the default settings, Ctrl-C in the middle of an answer, /reset, an unknown command, /exit; then
+the sampling flags and /set."""
 
 from __future__ import annotations
 
@@ -76,23 +77,26 @@ class Terminal:
             pass
 
 
-@pytest.fixture
-def shell(default_model_dir):
-    env = {
-        **os.environ, "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1", "HF_HUB_OFFLINE": "1",
-        "FINAL_SHELL_TEMPERATURE": "0", "FINAL_SHELL_MAX_TOKENS": "200", "TOKENIZERS_PARALLELISM": "false",
-    }  # fmt: skip
+def start_shell(model_dir: Path, *flags: str) -> Terminal:
+    env = {**os.environ, "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     argv = [
         sys.executable,
         "-m",
         "final",
         "--shell",
         "--model",
-        str(default_model_dir),
+        str(model_dir),
         "--num-pages",
         "4096",
+        *flags,
     ]
-    term = Terminal(argv, env)
+    return Terminal(argv, env)
+
+
+@pytest.fixture
+def shell(default_model_dir):
+    term = start_shell(default_model_dir)  # no sampling flags: the defaults must answer sensibly
     yield term
     term.kill()
 
@@ -109,7 +113,8 @@ def test_shell_session(shell):
     assert "Paris" in answer
 
     shell.send("/help\r")
-    assert "/reset" in shell.expect(PROMPT)
+    out = shell.expect(PROMPT)
+    assert "/reset" in out and "/set NAME VALUE" in out and "temperature" in out
 
     # Ctrl-C stops an answer being written, and the shell carries on.
     shell.send("Write a very long story about a cat who travels around the world.\r")
@@ -131,3 +136,44 @@ def test_shell_session(shell):
 
     shell.send("/exit\r")
     assert shell.wait() == 0
+
+
+def answer_to(question: str, out: str) -> str:
+    """The answer in `out`: after the echoed question, up to the shell's "[cut at" note."""
+    return out.rsplit(question + "\n", 1)[1].split("[cut at")[0]  # the last echo: prompt_toolkit may redraw
+
+
+def test_shell_sampling_flags_and_set(default_model_dir):
+    term = start_shell(default_model_dir, "--temperature", "0", "--top-k", "5", "--max-tokens", "6")
+    try:
+        term.expect(r"Chatting with SmolLM2-135M-Instruct", timeout=240)
+        assert "max_tokens 6 (--max-tokens)" in term.expect(PROMPT)
+
+        term.send("/set\r")
+        out = term.expect(PROMPT)
+        for line in ("temperature = 0.0  (--temperature)", "top_k = 5  (--top-k)", "max_tokens = 6  (--max-tokens)",
+                     "top_p = 1.0  (built-in)"):  # fmt: skip
+            assert line in out, out
+
+        term.send("Write a long story about a cat.\r")
+        out = term.expect(PROMPT)
+        assert "[cut at 6 tokens" in out
+        assert 1 <= len(answer_to("about a cat.", out).split()) <= 6
+
+        term.send("/set max_tokens 2\r")
+        assert "(max_tokens = 2)" in term.expect(PROMPT)
+        term.send("Write a long story about a dog.\r")
+        out = term.expect(PROMPT)
+        assert "[cut at 2 tokens" in out
+        assert 1 <= len(answer_to("about a dog.", out).split()) <= 2
+
+        term.send("/set temperature -1\r")
+        assert "temperature must be a finite number >= 0" in term.expect(PROMPT)
+        term.send("/set\r")
+        out = term.expect(PROMPT)
+        assert "temperature = 0.0  (--temperature)" in out and "max_tokens = 2  (/set)" in out
+
+        term.send("/exit\r")
+        assert term.wait() == 0
+    finally:
+        term.kill()

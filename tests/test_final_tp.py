@@ -536,9 +536,10 @@ def test_shell_with_tp(tiny_qwen3_dir):
     params = SamplingParams(temperature=0, max_tokens=8)
     want = final.LLM(str(tiny_qwen3_dir), device="cpu").generate([ids], params, progress=False)[0].text
     proc = subprocess.run(
-        [sys.executable, "-m", "final", "--shell", "--tp", "2", "--model", str(tiny_qwen3_dir), "--device", "cpu"],
+        [sys.executable, "-m", "final", "--shell", "--tp", "2", "--model", str(tiny_qwen3_dir), "--device", "cpu",
+         "--temperature", "0", "--max-tokens", "8"],
         input="Hello there\n/exit\n", capture_output=True, text=True, cwd=ROOT, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "FINAL_SHELL_TEMPERATURE": "0", "FINAL_SHELL_MAX_TOKENS": "8"},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert want and f"> {want}\n" in proc.stdout

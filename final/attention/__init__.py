@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..core.attention_auto import AUTO, describe_auto
 from ..core.model_config import ModelConfig
 from ..kvcache import KVPool, PageTable
 from .base import AttentionBackend, HybridBackend
-from .choose import AUTO, AttentionChoice, describe_auto, resolve_attention, resolve_names
+from .choose import AttentionChoice, resolve_attention, resolve_names
 from .support import Library
 
 Factory = Callable[[ModelConfig, KVPool, PageTable, int, "Library | None"], AttentionBackend]

@@ -1,7 +1,8 @@
 """Which backends serve a run: `--attn auto` resolved for this GPU, every name checked against
 what the machine has (support.py), and the page size that suits both phases' kernels.
 
-`AUTO` is the one table to change when the attention benchmarks (`bash scripts/gpu_run.sh
+`AUTO` (core/attention_auto.py, which imports no torch so that `--help` stays fast) is the one
+table to change when the attention benchmarks (`bash scripts/gpu_run.sh
 bench-attn`, rendered on the "Attention backends" page of the docs) show a faster choice.
 """
 
@@ -12,44 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.attention_auto import AUTO, AUTO_OTHER_GPUS, NAMES
 from ..core.errors import UserError
 from . import support
 from .support import HALF_DTYPES, PHASES, Library
 
 log = logging.getLogger(__name__)
-
-NAMES = ("torch", "fi", "fa", "trtllm")
-
-# --8<-- [start:auto]
-# Compute capability major -> (prefill candidates, decode candidates), best first. `auto` takes, per
-# phase, the first candidate that is installed and has kernels for the model's head size and the
-# --page-size set (if any); torch is the last resort, and the only choice on the CPU or in float32.
-# FlashInfer comes first everywhere because it is the one fast backend verified on a GPU so far
-# (H200, 2026-11-22); fa and trtllm are next in line, and move up once the attention benchmarks
-# have measured them there (the design's intent: on Hopper FlashAttention 4 prefill with TRT-LLM
-# (XQA) decode, on datacenter Blackwell TRT-LLM for both phases, as Mini-SGLang picks there).
-AUTO: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    9: (("fi", "fa"), ("fi", "trtllm")),  # H100, H200
-    10: (("fi", "trtllm", "fa"), ("fi", "trtllm")),  # B200, GB200
-}
-AUTO_OTHER_GPUS = (("fi",), ("fi",))  # Ampere, Ada, consumer Blackwell (12.x), ...
-# --8<-- [end:auto]
-
-
-def describe_auto() -> str:
-    """What `auto` picks, in words (for --help)."""
-    gpus = {9: "Hopper", 10: "Blackwell 10.x"}
-    parts = [f"{gpus.get(major, f'{major}.x')}: {_pair(p[0], d[0])}" for major, (p, d) in AUTO.items()]
-    parts.append(f"other GPUs: {_pair(AUTO_OTHER_GPUS[0][0], AUTO_OTHER_GPUS[1][0])}")
-    return (
-        "; ".join(parts)
-        + "; the CPU or float32: torch. A backend not installed, or without kernels for the model's "
-        "head size or the --page-size set, is skipped for the next (fi, then torch)"
-    )
-
-
-def _pair(prefill: str, decode: str) -> str:
-    return prefill if prefill == decode else f"{prefill},{decode}"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ from .errors import UserError
 
 INT32_MAX = 2**31 - 1  # top_k lives in an int32 device tensor
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+# New tokens of a request that sets no max_tokens: the offline API's default, and the server's and
+# the shell's cap (--max-tokens; frontend/sampling_defaults.py), so every answer ends.
+DEFAULT_MAX_TOKENS = 256
 
 
 @dataclass
@@ -24,7 +27,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None  # a private random stream: same seed, same output
-    max_tokens: int | None = 256  # None: as many as the context and the KV pool leave room for
+    max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: as many as the context and the KV pool leave room for
     stop: list[str] = field(default_factory=list)  # stop strings, cut from the text
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False

@@ -90,10 +90,10 @@ class ModelRunner:
                 reserve >> 20,
             )
         say(
-            "KV cache: %d pages of %d tokens (%d tokens); attention: %s",
+            "KV cache: %d tokens in %d pages (page size %d); attention: %s",
+            num_pages * self.page_size,
             num_pages,
             self.page_size,
-            num_pages * self.page_size,
             self.backend.name,
         )
 

@@ -1,5 +1,6 @@
 """The one start-up path of the server and the shell: logging, the checks that need no model, the
-model folder (the default model is converted once, here), its tokenizer, then the engine process.
+model folder (the default model is converted once, here), its tokenizer and sampling defaults,
+then the engine process.
 
 Cheap checks run first, so a bad flag or a busy port fails in a second, not after minutes of
 model loading.
@@ -7,9 +8,10 @@ model loading.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..core.config import EngineConfig
 from ..core.errors import UserError
@@ -17,6 +19,7 @@ from ..core.logs import setup_logging
 from ..engine import validate_early
 from ..engine.process import EngineProcess, launch_engine
 from ..models import resolve_model
+from .sampling_defaults import API_FALLBACK, SamplingDefaults, resolve_sampling_defaults
 from .tokenizer import Tokenizer
 
 
@@ -25,6 +28,7 @@ class Frontend:
     model_dir: Path
     tokenizer: Tokenizer
     engine: EngineProcess
+    sampling_defaults: SamplingDefaults
 
     def close(self) -> None:
         self.engine.shutdown()
@@ -36,8 +40,12 @@ def start_frontend(
     checks: Sequence[Callable[[], None]] = (),
     require_chat_template: bool = False,
     on_loading: Callable[[Path], None] | None = None,
+    generation_config: str = "auto",
+    sampling_flags: Mapping[str, Any] | None = None,
+    sampling_fallback: Mapping[str, Any] = API_FALLBACK,
 ) -> Frontend:
-    """Start everything a face of the engine needs; a UserError says what is wrong."""
+    """Start everything a face of the engine needs; a UserError says what is wrong. The sampling
+    arguments are those of resolve_sampling_defaults (frontend/sampling_defaults.py)."""
     setup_logging(log_level)
     validate_early(config)  # a bad flag fails here, before any process or model is touched
     for check in checks:
@@ -48,6 +56,7 @@ def start_frontend(
         raise UserError(
             f"{model_dir.name} has no chat template, so it cannot chat; serve it and use /v1/completions"
         )
+    defaults = resolve_sampling_defaults(model_dir, generation_config, sampling_flags, sampling_fallback)
     if on_loading is not None:
         on_loading(model_dir)
-    return Frontend(model_dir, tokenizer, launch_engine(config, model_dir, log_level))
+    return Frontend(model_dir, tokenizer, launch_engine(config, model_dir, log_level), defaults)

@@ -98,6 +98,12 @@ def create_app(
         kind = "not_found" if err.status_code == 404 else "invalid_request_error"
         return APIError(err.status_code, str(err.detail), type=kind).response()
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, err: ClientGone) -> Response:
+        # Logged once, by generation.generate; nobody reads this answer. 499 is nginx's
+        # "client closed request", so access logs tell it from a real failure.
+        return Response(status_code=499)
+
     # Innermost first: unexpected errors become a 500 here (the connection stays usable); the key
     # check and CORS sit outside, so a request without the key never reaches a route.
     app.add_middleware(InternalErrorMiddleware)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -21,11 +22,13 @@ from ..frontend.request_state import OutputDelta, RequestState
 from .errors import bad_request
 from .state import ServerState
 
+log = logging.getLogger(__name__)
+
 DISCONNECT_CHECK_S = 0.5  # how often a request checks that its client is still there
 
 
 class ClientGone(Exception):
-    pass
+    """The client closed the connection: normal, one INFO line (generate's finally), no error."""
 
 
 def check_request(state: ServerState, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -95,6 +98,13 @@ async def generate(
             metrics.e2e.observe(time.perf_counter() - request.arrival)
         else:
             metrics.finished["abort"] += 1
+            # A client that goes away is normal: one INFO line. A stream learns it as ClientGone
+            # (our poll) or as a cancellation (Starlette's own disconnect watch), whichever is first.
+            log.info(
+                "request %d: the client went away; aborted after %d tokens",
+                rid,
+                len(request.output.token_ids),
+            )
 
 
 @dataclasses.dataclass

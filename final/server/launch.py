@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig
 from ..core.errors import UserError
+from ..frontend.sampling_defaults import sampling_flags
 from ..frontend.startup import Frontend, start_frontend
 from . import security
 from .app import StateFactory, create_app
@@ -76,6 +77,8 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
         log_level,
         checks=[check_flags, lambda: check_port_free(args.host, args.port)],
         on_loading=lambda model_dir: log.info("starting the engine for %s", model_dir),
+        generation_config=args.generation_config,
+        sampling_flags=sampling_flags(args),
     )
     try:
         run_http(args, config, frontend, api_key, log_level)
@@ -91,7 +94,7 @@ def run_http(
 ) -> None:
     import uvicorn
 
-    engine, model_dir = frontend.engine, frontend.model_dir
+    engine, model_dir, defaults = frontend.engine, frontend.model_dir, frontend.sampling_defaults
     served = args.served_model_name or model_dir.name
     accepted = {served, model_dir.name, str(model_dir)} | ({config.model} if config.model else set())
     frontend.tokenizer.max_token_chars  # noqa: B018 (computed now, not on the first request)
@@ -102,20 +105,23 @@ def run_http(
         accepted_model_names=accepted,
         max_in_flight=config.max_running_requests + args.max_waiting_requests,
         max_request_bytes=args.max_request_bytes,
+        sampling_defaults=defaults,
     )
     info = engine.info
     log.info(
-        "serving %r on http://%s:%d (device %s, %s, attention %s, %d KV pages of %d tokens, cache %s)",
+        "serving %r on http://%s:%d (device %s, %s, attention %s, KV cache of %d tokens, page size %d, "
+        "prefix cache %s)",
         served,
         args.host,
         args.port,
         info.device,
         info.dtype,
         info.attn,
-        info.num_pages,
+        info.kv_capacity,
         info.page_size,
         info.cache,
     )
+    log.info("sampling defaults for requests that leave them out: %s", defaults.describe())
     security.warn_if_open(args.host, api_key)
     running: dict[str, ServerState | asyncio.AbstractEventLoop] = {}
 

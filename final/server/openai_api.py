@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 from ..core.errors import UserError
 from ..core.sampling_params import SamplingParams
 from ..frontend.request_state import OutputDelta, RequestState
+from ..frontend.sampling_defaults import fit_default_max_tokens
 from .admission import Ticket
 from .body import read_json
 from .errors import APIError, bad_request, model_not_found
@@ -41,14 +42,21 @@ def check_model(state: ServerState, model: str | None) -> None:
         raise model_not_found(model, state.served_model_name)
 
 
-def sampling_params(req: CommonFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    """The request's sampling parameters; max_tokens None: as many as the context leaves room for."""
+def sampling_params(
+    state: ServerState, req: CommonFields, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
+    """The request's sampling parameters; those it leaves out (max_tokens None included) come from
+    the server's defaults: its flags, the model's generation_config.json (frontend/sampling_defaults.py)."""
+
+    def given(name: str) -> Any:
+        return getattr(req, name) if name in req.model_fields_set else None
+
     try:
-        return SamplingParams(
-            temperature=req.temperature,
-            top_k=req.top_k,
-            top_p=req.top_p,
-            min_p=req.min_p,
+        return state.sampling_defaults.params(
+            temperature=given("temperature"),
+            top_k=given("top_k"),
+            top_p=given("top_p"),
+            min_p=given("min_p"),
             seed=req.seed,
             max_tokens=max_tokens,
             stop=req.stops(),
@@ -172,8 +180,13 @@ async def completions(http: Request) -> Response:
 
 
 async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, ticket: Ticket) -> Response:
-    params = sampling_params(req, req.requested_max_tokens(), req.num_logprobs())
+    params = sampling_params(state, req, req.requested_max_tokens(), req.num_logprobs())
     prompt_ids = await chat_prompt(state, req)
+    if req.requested_max_tokens() is None:  # the default cap shrinks to the room left, never fails
+        info = state.info
+        params = fit_default_max_tokens(
+            params, prompt_ids, info.max_context, info.vocab_size, info.kv_capacity
+        )
     check_request(state, prompt_ids, params)
     jobs = [Job(i, prompt_ids, sampling_for_choice(params, i)) for i in range(req.n)]
     head = {
@@ -235,7 +248,7 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
 
 
 async def _completion(state: ServerState, req: CompletionRequest, http: Request, ticket: Ticket) -> Response:
-    params = sampling_params(req, req.max_tokens, req.logprobs)
+    params = sampling_params(state, req, req.max_tokens, req.logprobs)
     prompts = await completion_prompts(state, req)
     for ids in prompts:
         check_request(state, ids, params)

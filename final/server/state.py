@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..engine.messages import EngineInfo
 from ..frontend.client import AsyncEngineClient
+from ..frontend.sampling_defaults import SamplingDefaults
 from ..frontend.tokenizer import Tokenizer
 from .admission import Admission
 from .metrics import Metrics
@@ -21,6 +22,8 @@ class ServerState:
     max_in_flight: int  # --max-running-requests + --max-waiting-requests, in sequences
     max_request_bytes: int  # --max-request-bytes
     metrics: Metrics = field(default_factory=Metrics)
+    # what a request gets for the sampling parameters it leaves out (frontend/sampling_defaults.py)
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     admission: Admission = field(init=False)
 
     def __post_init__(self) -> None:

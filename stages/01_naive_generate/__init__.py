@@ -8,7 +8,20 @@ Files: model.py (the decoder), rope.py (rotary embeddings), kv_cache.py (contigu
 engine.py (the generate loop and the offline `LLM` API), __main__.py (the command line).
 """
 
-from .engine import LLM
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import LLM
+
+
+def __getattr__(name: str):
+    # The engine (and torch) load on first use, so `python -m <stage> --help` answers at once.
+    if name == "LLM":
+        from .engine import LLM
+
+        return LLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 CHANGED_FILES: tuple[str, ...] = ("__main__.py", "engine.py", "kv_cache.py", "model.py", "rope.py")
 

@@ -12,7 +12,20 @@ step / generate), __main__.py (a batch of prompts). New: page_table.py, request.
 runner.py, attention/. Turn the feature off: `--max-running-requests 1` serves one at a time.
 """
 
-from .engine import LLM
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import LLM
+
+
+def __getattr__(name: str):
+    # The engine (and torch) load on first use, so `python -m <stage> --help` answers at once.
+    if name == "LLM":
+        from .engine import LLM
+
+        return LLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 CHANGED_FILES: tuple[str, ...] = (
     "__main__.py", "engine.py", "kv_cache.py", "model.py", "page_table.py", "request.py", "runner.py",

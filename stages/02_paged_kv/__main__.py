@@ -1,41 +1,31 @@
-"""python -m stages.02_paged_kv --prompt "..." --prompt "..." [--prompts-file FILE] [--attn fi]"""
+"""python -m stages.02_paged_kv --prompt "..." --prompt "..." [--prompts-file FILE] [--attn fi]
+
+The arguments are parsed before the engine (and with it torch) is imported, so `--help` answers
+at once; the flags every stage shares live in stages/common/cli.py.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
-from stages.common.errors import UserError, run_cli
-from stages.common.sampling import SamplingParams
-
-from .engine import LLM
+from stages.common import cli
+from stages.common.errors import run_cli
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m stages.02_paged_kv",
-        description="Stage 02: a batch of prompts served together with a paged KV cache and continuous batching.",
+    p = cli.new_parser(
+        "python -m stages.02_paged_kv",
+        "Stage 02: a batch of prompts served together with a paged KV cache and continuous batching.",
     )
-    p.add_argument("--model", default=None, help="HF model folder or hub id (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
-    p.add_argument("--prompts-file", type=Path, help="one prompt per line, or JSONL with a 'prompt' field")
-    p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
-    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate per prompt")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    p.add_argument("--top-k", type=int, default=-1, help="keep the k likeliest tokens (-1: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the likeliest")
-    p.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating after end-of-sequence")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    p.add_argument("--max-seq-len-override", type=int, default=None, help="cap the context length")
-    p.add_argument("--attn", default="auto", help="attention backend: torch, fi, PREFILL,DECODE or auto")
-    p.add_argument("--page-size", type=int, default=1, help="tokens per KV page (default 1)")
+    cli.add_model_args(p)
+    cli.add_prompt_args(p, many=True)
+    cli.add_sampling_args(p)
+    p.add_argument(
+        "--attn", default="auto", help="attention backend: torch, fi (CUDA), PREFILL,DECODE or auto"
+    )
+    p.add_argument("--page-size", type=int, default=1, help="tokens per KV page")
     p.add_argument("--num-pages", type=int, default=None, help="KV pages in the pool (default: from memory)")
     p.add_argument(
         "--memory-ratio", type=float, default=0.9, help="share of GPU memory for weights + KV cache"
@@ -44,33 +34,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def read_prompts(args: argparse.Namespace) -> list[str]:
-    prompts = list(args.prompt)
-    if args.prompts_file:
-        try:
-            lines = args.prompts_file.read_text().splitlines()
-        except OSError as err:
-            raise UserError(f"cannot read {args.prompts_file}: {err}") from err
-        for line in filter(str.strip, lines):
-            prompts.append(json.loads(line)["prompt"] if line.lstrip().startswith("{") else line)
-    if not prompts:
-        raise UserError("give at least one --prompt or a --prompts-file")
-    return prompts
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    prompts = read_prompts(args)
-    params = SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-        max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos,
-    )  # fmt: skip
+    prompts = cli.read_prompts(args)
+    params = cli.sampling_params(args)
+    from .engine import LLM
+
     llm = LLM(
         args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
         num_pages=args.num_pages, memory_ratio=args.memory_ratio,
         max_running_requests=args.max_running_requests, max_context=args.max_seq_len_override,
     )  # fmt: skip
-    ids = [llm.tokenizer.encode_prompt(p, chat=args.chat) for p in prompts]
+    ids = cli.encode_prompts(llm.tokenizer, prompts, args)
     start = time.perf_counter()
     outputs = llm.generate(ids, params, progress=len(prompts) > 8)
     elapsed = time.perf_counter() - start
@@ -78,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--- [{i}] {prompt!r}\n{out.text}")
     generated = sum(len(o.token_ids) for o in outputs)
     print(
-        f"[{llm.device.type}, {str(llm.dtype).removeprefix('torch.')}] {len(prompts)} requests, "
-        f"{generated} tokens in {elapsed:.2f} s: {generated / elapsed:.1f} output tok/s; "
+        f"[{llm.device.type}, {str(llm.dtype).removeprefix('torch.')}] {cli.plural(len(prompts), 'request')}, "
+        f"{cli.plural(generated, 'token')} in {elapsed:.2f} s: {generated / elapsed:.1f} output tok/s; "
         f"preemptions: {llm.scheduler.num_preemptions}",
         file=sys.stderr,
     )

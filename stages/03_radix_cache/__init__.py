@@ -15,7 +15,20 @@ request.py (which pages are shared), __main__.py (`--cache`). New: radix_cache.p
 feature off: `--cache naive` recomputes every prompt, as stage 02 does.
 """
 
-from .engine import LLM
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import LLM
+
+
+def __getattr__(name: str):
+    # The engine (and torch) load on first use, so `python -m <stage> --help` answers at once.
+    if name == "LLM":
+        from .engine import LLM
+
+        return LLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 CHANGED_FILES: tuple[str, ...] = ("__main__.py", "engine.py", "radix_cache.py", "request.py", "scheduler.py")
 

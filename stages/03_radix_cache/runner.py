@@ -40,7 +40,9 @@ class ModelRunner:
         self.allocator = PageAllocator(num_pages)
         self.page_table = PageTable(max_running, -(-config.max_context // page_size), device)
         self.backend = create_backend(attn, config, self.pool, self.page_table)
-        log.info("KV cache: %d pages of %d tokens (%d tokens)", num_pages, page_size, num_pages * page_size)
+        log.info(
+            "KV cache: %d tokens in %d pages (page size %d)", num_pages * page_size, num_pages, page_size
+        )
 
     def _pages_that_fit(self, memory_ratio: float) -> int:
         page_bytes = KVPool.bytes_per_page(self.config, self.page_size, self.dtype)

@@ -15,7 +15,20 @@ sampled requests), __main__.py (`--max-prefill-length`, `--chunk-policy`). Turn 
 `--max-prefill-length` larger than any prompt with `--chunk-policy prefill-first`.
 """
 
-from .engine import LLM
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import LLM
+
+
+def __getattr__(name: str):
+    # The engine (and torch) load on first use, so `python -m <stage> --help` answers at once.
+    if name == "LLM":
+        from .engine import LLM
+
+        return LLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 CHANGED_FILES: tuple[str, ...] = ("__main__.py", "engine.py", "request.py", "runner.py", "scheduler.py")
 

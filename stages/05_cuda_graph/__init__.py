@@ -18,7 +18,20 @@ attention/flashinfer_backend.py (graph-mode decode wrappers over static buffers)
 __main__.py (`--cuda-graph-max-bs`). Turn the feature off: `--cuda-graph-max-bs 0`.
 """
 
-from .engine import LLM
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import LLM
+
+
+def __getattr__(name: str):
+    # The engine (and torch) load on first use, so `python -m <stage> --help` answers at once.
+    if name == "LLM":
+        from .engine import LLM
+
+        return LLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 CHANGED_FILES: tuple[str, ...] = (
     "__main__.py",

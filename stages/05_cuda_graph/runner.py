@@ -49,7 +49,9 @@ class ModelRunner:
             self.graphs = GraphRunner(self, graph_batch)
             log.info("CUDA graphs for decode batches of %s: %d MiB, counted before sizing the KV cache",
                      self.graphs.sizes, graph_bytes >> 20)  # fmt: skip
-        log.info("KV cache: %d pages of %d tokens (%d tokens)", num_pages, page_size, num_pages * page_size)
+        log.info(
+            "KV cache: %d tokens in %d pages (page size %d)", num_pages * page_size, num_pages, page_size
+        )
 
     # --8<-- [start:build]
     def _build(self, num_pages: int) -> None:

@@ -33,15 +33,24 @@ class Tokenizer:
 
     def encode_chat(self, messages: Sequence[Message]) -> list[int]:
         if not self.has_chat_template:
-            raise UserError("this model has no chat template; send a plain prompt instead")
+            raise UserError("this model has no chat template; send the prompt as plain text (--raw)")
         text = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
         # The template already wrote any BOS token; letting encode() add another would double it.
         return list(self.hf.encode(text, add_special_tokens=False))
 
-    def encode_prompt(self, prompt: str, chat: bool, system: str | None = None) -> list[int]:
+    def encode_prompt(self, prompt: str, chat: bool | None = None, system: str | None = None) -> list[int]:
+        """The prompt's token ids. chat=None: in the chat template when the model has one (an
+        instruct model given bare text often answers nothing); True: in it, or an error; False:
+        the text as it is."""
         if not prompt:
             raise UserError("the prompt is empty")
+        wanted = chat
+        if chat is None:
+            chat = self.has_chat_template
         if not chat:
+            if system:
+                why = "drop --raw" if wanted is False else "this model has none"
+                raise UserError(f"a system message needs the chat template ({why})")
             return self.encode(prompt)
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": prompt}

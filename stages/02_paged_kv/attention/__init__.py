@@ -39,6 +39,8 @@ def resolve_names(spec: str, device_type: str, dtype: torch.dtype | None = None)
     names = [n.strip() for n in spec.split(",")]
     if len(names) not in (1, 2) or not all(names):
         raise UserError(f"--attn takes NAME or PREFILL,DECODE, got {spec!r}")
+    if "fi" in names and device_type != "cuda":  # the same words as final/attention
+        raise UserError("--attn fi runs on CUDA GPUs only; use --attn torch on the CPU")
     if "fi" in names and not half:
         raise UserError(f"--attn fi needs --dtype bfloat16 or float16 (FlashInfer has no {dtype} kernels); "
                         "use --attn torch for float32")  # fmt: skip

@@ -20,15 +20,15 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 class FlashInferBackend(AttentionBackend):
     def __init__(self, config, pool, page_table):
         super().__init__(config, pool, page_table)
+        device = pool.k.device
+        if device.type != "cuda":
+            raise UserError("--attn fi runs on CUDA GPUs only; use --attn torch on the CPU")
         try:
             import flashinfer
         except ImportError as err:
             raise UserError(
                 "--attn fi needs FlashInfer: pip install flashinfer-python (CUDA GPUs only)"
             ) from err
-        device = pool.k.device
-        if device.type != "cuda":
-            raise UserError("--attn fi runs on CUDA GPUs only; use --attn torch on the CPU")
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         # Tensor cores pay off once several query heads share a KV head (4 or more). Groups that
