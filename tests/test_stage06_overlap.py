@@ -145,6 +145,32 @@ def count_pending_inputs(llm) -> list[int]:
     return counter
 
 
+def test_the_overlapped_loop_schedules_what_the_serial_loop_does(tiny_qwen3_dir):
+    """A prompt enters the prefix cache when the step that computes its end is launched, not one
+    step later when the host processes it: requests that share a 40-token head and wait a step
+    for it hit the cache in the next step either way. With nothing finishing early, the two
+    loops run the same batches."""
+    base = sample_prompts(tiny_qwen3_dir, n=6, seed=4)
+    prompts = [base[1][:40] + p[:5] for p in base] + base[2:5]
+    params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)] * len(prompts)
+    arrivals = [0, 0, 0, 1, 4, 4, 5, 5, 9]
+    batches, outs = {}, {}
+    for overlap in (False, True):
+        llm = make(tiny_qwen3_dir, overlap, page_size=2, num_pages=400, max_prefill_length=32)
+        batches[overlap] = []
+        launch = llm.launch
+
+        def recording_launch(batch, launch=launch, seen=batches[overlap]):
+            seen.append([(r.rid, q) for r, q in zip(batch.requests, batch.query_lens, strict=True)])
+            return launch(batch)
+
+        llm.launch = recording_launch
+        outs[overlap] = drive(llm, prompts, params, arrivals)
+    assert batches[True] == batches[False]
+    assert [o.cached_tokens for o in outs[True]] == [o.cached_tokens for o in outs[False]]
+    assert sum(o.cached_tokens >= 40 for o in outs[True]) >= 4
+
+
 class CountingGraph(graph.EagerGraph):
     def __init__(self, replays: list[int]):
         super().__init__()
@@ -340,20 +366,20 @@ def test_a_prefix_insert_of_a_finished_request_while_a_new_one_matches_it(tiny_q
 
 def test_duplicate_pages_dropped_by_a_prefix_insert_wait_for_the_step_in_flight(tiny_qwen3_dir):
     """Two requests with the same short prompt are prefilled in one step, each into its own pages.
-    When the second one's prompt enters the cache, it switches to the first one's pages: its own
-    copies are duplicates, which the step in flight still reads. They go back once it is done."""
+    When that step is launched, their prompts enter the prefix cache and the second one switches
+    to the first one's pages: its own copies are duplicates, which the step in flight is writing.
+    They go back once it is complete."""
     prompt = sample_prompts(tiny_qwen3_dir, n=2, seed=12)[1][:20]  # shorter than MIN_SHARED_TO_WAIT
     llm = make(tiny_qwen3_dir, True, page_size=2, num_pages=64)
     for _ in range(2):
         llm.add_request(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     sched = llm.scheduler
-    llm.step()  # launches the prefill of both
-    llm.step()  # launches their first decode, then processes the prefill: the cache takes the prompt
+    llm.step()  # launches the prefill of both: the cache takes the prompt
     duplicates = list(sched.retired_pages)
     assert len(duplicates) == len(prompt) // 2, "the second copy of the prompt's pages"
     assert not set(duplicates) & set(sched.allocator.free_pages)
     sched.check_integrity()
-    llm.step()  # the step that read them is complete
+    llm.step()  # launches the next step, then processes the prefill: that step is complete
     assert not sched.retired_pages and set(duplicates) <= set(sched.allocator.free_pages)
     while llm.has_unfinished():
         llm.step()
@@ -454,3 +480,9 @@ def test_the_switch(tiny_qwen3_dir, monkeypatch):
     assert stage06.LLM(str(tiny_qwen3_dir), device="cpu").overlap
     assert cli.parse_args(["--prompt", "a", "--disable-overlap"]).disable_overlap
     assert not cli.parse_args(["--prompt", "a"]).disable_overlap
+
+
+def test_the_chapters_schematic_is_up_to_date():
+    from scripts import draw_overlap_timeline
+
+    assert draw_overlap_timeline.main(["--check"]) == 0, "run make docs-gen"

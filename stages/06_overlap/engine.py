@@ -9,13 +9,15 @@ GPU, decode steps of up to `cuda_graph_max_bs` requests replay CUDA graphs (None
 A step is schedule -> launch -> process. `launch` queues the forward pass and the sampling on the
 GPU, writes the sampled tokens into the runner's token table and starts their copy to the host; it
 does not wait. `process` waits for those tokens and does the host's bookkeeping: append, stop
-checks, detokenize, finish, prefix-cache inserts. Without overlap (`disable_overlap=True`, or
+checks, detokenize, finish (a finished request's prompt and answer go to the prefix cache). Without overlap (`disable_overlap=True`, or
 STAGE06_DISABLE_OVERLAP=1) a step is process(launch(schedule())), and the GPU idles while the host
 processes and schedules. With overlap (the default), `step` schedules and launches step N+1 first
 and processes step N while N+1 runs. What keeps that correct:
 
 1. One step in flight at most, and everything on one CUDA stream: a step reads what every
-   earlier step wrote (K and V, the page table, the token table), and nothing later.
+   earlier step wrote (K and V, the page table, the token table), and nothing later. So a prompt
+   enters the prefix cache when the step that computes its end is launched, and a request
+   scheduled next may reuse it at once.
 2. Step N+1 is scheduled before step N's tokens reach the host: such a token is pending
    (`Request.num_pending`), and step N+1 reads it from the token table on the device.
 3. A request that finishes at step N (EOS, stop token or string, length, abort) may sit in step
@@ -64,7 +66,6 @@ class Launched:
     """A step on its way through the GPU: what `process` needs once it is complete."""
 
     requests: list[Request]  # the requests that get a token from it, in the order of `tokens`
-    completes_prefill: list[bool]  # per request: this step computed the end of its prompt
     tokens: torch.Tensor | None  # on the host (pinned), valid once `done` has fired
     logprobs: Logprobs | None  # likewise
     done: torch.cuda.Event | None  # recorded after the copies; None on a CPU (done already)
@@ -171,18 +172,21 @@ class LLM:
     def launch(self, batch: Batch) -> Launched:
         """Queue the step's forward pass and sampling on the GPU; do not wait for them."""
         logits = self.runner.forward(batch)
-        sampled, completes_prefill = [], []
+        sampled = []
         for req, q_len, gets_token in zip(batch.requests, batch.query_lens, batch.sampled, strict=True):
             # The end of its prompt: more than one token, or a first token (a full cache hit
             # computes just one).
-            completes = q_len > 1 or req.num_generated == 0
+            completes_prefill = gets_token and (q_len > 1 or req.num_generated == 0)
             req.num_computed += q_len  # its K and V are written by this step
             if gets_token:  # (a chunk cut mid-prompt gets none)
                 sampled.append(req)
-                completes_prefill.append(completes)
                 req.num_pending += 1
+            if completes_prefill:
+                # Requests scheduled from now on may reuse the prompt: the steps that read it run
+                # after this one, which writes it. (Duplicates it drops wait for this step.)
+                self.scheduler.cache_request(req, defer_release=True)
         if not sampled:
-            return Launched([], [], None, None, None)
+            return Launched([], None, None, None)
         tokens, logprobs = sample_on_device(
             logits, [r.params for r in sampled], [r.generator for r in sampled]
         )
@@ -193,14 +197,15 @@ class LLM:
         if tokens.is_cuda:
             done = torch.cuda.Event()
             done.record()
-        return Launched(sampled, completes_prefill, host_tokens, host_logprobs, done)
+        return Launched(sampled, host_tokens, host_logprobs, done)
 
     # --8<-- [end:launch]
 
     # --8<-- [start:process]
     def process(self, launched: Launched) -> list[tuple[int, RequestOutput]]:
         """Wait for a launched step's tokens, then do the host's work: append each token, check
-        stops, detokenize, finish requests, cache prompts. Returns the finished requests."""
+        stops, detokenize, finish requests (their prompt and answer go to the prefix cache).
+        Returns the finished requests."""
         tokens = launched.wait()
         # That step is complete: what requests that left while it ran still held can go back.
         self.scheduler.release_retired()
@@ -208,8 +213,7 @@ class LLM:
         defer = self.in_flight is not None  # the next step runs already, and may hold these requests
         now = time.perf_counter()
         finished = []
-        work = zip(launched.requests, launched.completes_prefill, tokens, entries, strict=True)
-        for req, completes_prefill, token, logprobs in work:
+        for req, token, logprobs in zip(launched.requests, tokens, entries, strict=True):
             req.num_pending -= 1
             if req.status is Status.FINISHED:
                 continue  # finished or aborted after this step was launched: the token is dropped
@@ -230,9 +234,6 @@ class LLM:
                 out.token_ids, out.text, out.latency_s = req.output_ids, req.stream.text, now - req.arrival
                 self.scheduler.finish(req, defer_release=defer)
                 finished.append((req.rid, out))
-            elif completes_prefill:
-                # The prompt is in the pool now: requests that arrive while this one decodes reuse it.
-                self.scheduler.cache_request(req, defer_release=defer)
         return finished
 
     # --8<-- [end:process]

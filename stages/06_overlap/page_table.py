@@ -37,6 +37,7 @@ class PageTable:
 
     # --8<-- [end:slots]
 
+    # --8<-- [start:pages_of]
     def pages_of(self, rows: torch.Tensor, num_pages: list[int]) -> torch.Tensor:
         """The first num_pages[i] pages of each row, concatenated (FlashInfer's `kv_indices`). The
         host knows how many pages that is, so the device is never asked (no sync, no boolean mask)."""
@@ -48,3 +49,5 @@ class PageTable:
         first = torch.cumsum(counts, 0) - counts  # where each row's pages start in the output
         column = torch.arange(total, device=device) - first[owner]
         return self.table[rows[owner], column]
+
+    # --8<-- [end:pages_of]

@@ -37,6 +37,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# --8<-- [start:copies]
 def to_device(values: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
     """A host list as a tensor on `device`, without making the host wait for the GPU.
 
@@ -57,3 +58,6 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     return out.copy_(tensor, non_blocking=True)
+
+
+# --8<-- [end:copies]
