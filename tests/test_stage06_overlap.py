@@ -21,8 +21,10 @@ looked at the tokens of the previous one, which exist only in the token table un
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from stages.common.sampling import SamplingParams
 from tests.fixtures.tiny_models import sample_prompts
@@ -33,6 +35,9 @@ engine_module = load("stages.06_overlap.engine")
 graph = load("stages.06_overlap.graph")
 scheduler_module = load("stages.06_overlap.scheduler")
 cli = load("stages.06_overlap.__main__")
+page_table_module = load("stages.06_overlap.page_table")
+flashinfer_backend = load("stages.06_overlap.attention.flashinfer_backend")
+request_module = load("stages.06_overlap.request")
 
 
 def make(model_dir, overlap: bool, **kwargs):
@@ -465,6 +470,62 @@ def test_the_host_works_on_step_n_plus_1_while_step_n_runs(tiny_qwen3_dir, monke
         assert order["launch", n + 1] < order["processed", n]
         assert sim.processed_at[n] <= sim.gpu_end[n + 1], f"the GPU waited for the host after step {n}"
     assert sims[False].log[:4] == [("launch", 0), ("processed", 0), ("launch", 1), ("processed", 1)]
+
+
+# --------------------------------------------------------------------------------------------
+# No waiting on the launch path (what a CPU can check of it)
+
+
+def test_page_lists_are_built_without_asking_the_device():
+    """Stage 05's pages_of read the largest page count back from the device and selected with a
+    boolean mask; stage 06's takes the counts from the host. Same pages, in the same order."""
+    torch.manual_seed(0)
+    table = page_table_module.PageTable(9, 12, torch.device("cpu"))
+    table.table.copy_(torch.randint(0, 500, table.table.shape, dtype=torch.int32))
+    rows, counts = torch.tensor([3, 0, 7, 5]), [4, 1, 12, 0]
+    want = torch.cat([table.table[r, :n] for r, n in zip(rows.tolist(), counts, strict=True)])
+    assert torch.equal(table.pages_of(rows, counts), want)
+
+
+class FakeEvent:
+    def __init__(self, log: list[str]):
+        self.log, self.name = log, f"event{sum(e.startswith('record') for e in log) + 1}"
+
+    def record(self) -> None:
+        self.log.append(f"record {self.name}")
+
+    def synchronize(self) -> None:
+        self.log.append(f"wait {self.name}")
+
+
+def test_flashinfer_plans_only_after_the_previous_plans_copy(monkeypatch):
+    """plan() fills a pinned host buffer and queues its copy: the next plan must wait for an event
+    recorded after the previous one (Mini-SGLang PR #103), and for nothing else. A fake wrapper
+    and fake events record the order on the CPU."""
+    log: list[str] = []
+    monkeypatch.setattr(torch.cuda, "Event", lambda: FakeEvent(log))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)  # no CUDA here
+    page_size = 4
+    table = page_table_module.PageTable(4, 8, torch.device("cpu"))
+    table.table[1, :3] = torch.tensor([7, 8, 9], dtype=torch.int32)
+    table.table[2, :1] = torch.tensor([5], dtype=torch.int32)
+    backend = object.__new__(flashinfer_backend.FlashInferBackend)
+    config = SimpleNamespace(num_heads=4, num_kv_heads=2, head_dim=8)
+    backend.config, backend.page_table, backend.last_plan = config, table, None
+    backend.pool = SimpleNamespace(page_size=page_size, k=torch.zeros(1, dtype=torch.bfloat16))
+
+    class Wrapper:
+        def plan(self, indptr, indices, last_page_len, *args, **kwargs):
+            log.append("plan")
+            self.planned = (indptr.tolist(), indices.tolist(), last_page_len.tolist())
+
+    wrapper = Wrapper()
+    batch = request_module.Batch(requests=[], is_prefill=False, query_lens=[1, 1], seq_lens=[10, 3],
+                                 sampled=[True, True], rows=torch.tensor([1, 2]))  # fmt: skip
+    backend._plan(wrapper, batch)
+    assert wrapper.planned == ([0, 3, 4], [7, 8, 9, 5], [2, 3])
+    backend._plan(wrapper, batch)
+    assert log == ["plan", "record event1", "wait event1", "plan", "record event2"]
 
 
 # --------------------------------------------------------------------------------------------
