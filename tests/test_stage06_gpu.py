@@ -103,7 +103,7 @@ def test_overlap_on_equals_off(gpu_model_dir, attn):
         for g in llm.runner.graphs.graphs.values():
             original = g.replay
 
-            def replay(original=original):
+            def replay(original=original, replays=replays):
                 replays[0] += 1
                 original()
 
