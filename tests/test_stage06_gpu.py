@@ -55,8 +55,13 @@ def workload(model_dir, vocab: int):
     prompts = base + [base[1][:48] + p[:5] for p in base[2:6]]
     arrivals = [3 * i for i in range(16)] + [50, 50, 51, 51]
     params = [
-        SamplingParams(temperature=0, max_tokens=50, logprobs=vocab, stop_token_ids=[5, 9, 11] if i % 4 == 3 else [],
-                       ignore_eos=i % 4 != 3)  # fmt: skip
+        SamplingParams(
+            temperature=0,
+            max_tokens=50,
+            logprobs=vocab,
+            stop_token_ids=[5, 9, 11] if i % 4 == 3 else [],
+            ignore_eos=i % 4 != 3,
+        )  # fmt: skip
         for i in range(len(prompts))
     ]
     aborts = {4: 20, 17: 58}
