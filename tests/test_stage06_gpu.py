@@ -61,7 +61,7 @@ def workload(model_dir, vocab: int):
             logprobs=vocab,
             stop_token_ids=[5, 9, 11] if i % 4 == 3 else [],
             ignore_eos=i % 4 != 3,
-        )  # fmt: skip
+        )
         for i in range(len(prompts))
     ]
     aborts = {4: 20, 17: 58}
