@@ -25,6 +25,10 @@
 #   profile-stage05  one decode step, eager and replayed, under the torch profiler (batch 1 and 64)
 #   bench-tp      batch-1 decode and the offline workload at TP 1, 2 (and 4 on 4 GPUs), for the
 #                 0.6B and 8B shapes (needs ckpt and ckpt-8b)
+#   test-stage06  stage 06's GPU tests (overlap on against off, the launch path never waits)
+#   bench-stage06 stage 06's offline workload, overlap on and off
+#   bench-stage06-online  stage 06's online workload in-process at 16 requests/s, overlap on and off
+#   profile-stage06  8 consecutive steps at batch 64, overlap off and on, under the torch profiler
 #   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
 #   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
@@ -110,6 +114,18 @@ run_step() {
           bench_on $model --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name final_tp${tp}_offline_${shape}_$gpu
         done
       done
+      ;;
+    test-stage06) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage06_gpu.py ;;
+    bench-stage06)
+      bench --engine stages.06_overlap --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage06_offline_overlap_$gpu
+      bench --engine stages.06_overlap --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg disable_overlap=1 --name stage06_offline_serial_$gpu
+      ;;
+    bench-stage06-online)
+      bench --engine stages.06_overlap --workload online --workload-arg rate=16 --engine-arg attn=fi --engine-arg page_size=16 --name stage06_online_overlap_$gpu
+      bench --engine stages.06_overlap --workload online --workload-arg rate=16 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg disable_overlap=1 --name stage06_online_serial_$gpu
+      ;;
+    profile-stage06)
+      $py scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/$gpu
       ;;
     peers)
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/bench_minisgl.py $ckpt fi

@@ -1,8 +1,11 @@
-"""Profile one decode step of stage 05, eager and replayed from a CUDA graph, into a small JSON.
+"""Profile decode steps under the torch profiler into a small JSON: stage 05's one decode step,
+eager and replayed from a CUDA graph; or stage 06's run of consecutive steps, overlap off and on.
 
     python scripts/profile_decode_step.py --model checkpoints/qwen3-0.6b-random --device cuda \\
         --dtype bfloat16 --attn fi --page-size 16 --batch 1 --out benchmarks/profiles/h200
-    python scripts/render_profile.py    # the JSON files -> docs/assets/profiles/*.png for chapter 05
+    python scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model checkpoints/qwen3-0.6b-random \\
+        --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/h200
+    python scripts/render_profile.py    # the JSON files -> docs/assets/profiles/*.png for chapters 05, 06
 
 `batch` requests with random `prompt_len`-token prompts are prefilled, a few decode steps warm
 both paths up, then the torch profiler records one whole engine step (`LLM.step()`: schedule,
@@ -11,6 +14,11 @@ keeps, relative to the step's start: the host's CUDA calls (kernel launches, gra
 copies, synchronisations) and the GPU's kernels and copies. That is what the chapter's figure
 draws: on the host, a thousand launches one after another; on the GPU, short kernels with gaps
 between them, waiting for the next launch.
+
+For stage 06 the window holds `--steps` consecutive `LLM.step()` calls (graphs on, as the stage
+runs by default), once with overlap off and once with it on, on the same engine: the figure shows
+the GPU idle between steps while the host processes and schedules, and the gaps closing with
+overlap. `gpu_idle_ms` is the time in the window, up to the GPU's last kernel, with no GPU work.
 
 On a machine without CUDA the script still runs (with `--device cpu`, the graphs replaced by the
 stage's CPU stand-in): the trace has no GPU then, and the host lane shows the operators. That is
@@ -34,6 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # first: scripts/stages.py must not shadow the stages package
 
 STEP_LABEL = "decode step"
+STAGES = ("05_cuda_graph", "06_overlap")
+# The two runs each stage compares: (key in the JSON's "modes", what changes).
+STAGE_MODES = {"05_cuda_graph": ("eager", "graph"), "06_overlap": ("serial", "overlap")}
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -77,17 +88,23 @@ def summarise_trace(trace: dict) -> dict[str, Any]:
         return start <= float(e["ts"]) <= end
 
     host = [e for e in events if e.get("cat") in HOST_CATEGORIES and inside(e)]
-    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES and float(e["ts"]) >= start]
+    # GPU work from the window's start on (a kernel already running then counts from the start).
+    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES and float(e["ts"]) + float(e["dur"]) > start]
     if host:
         host_lane = [[float(e["ts"]) - start, float(e["dur"]), host_kind(e["name"])] for e in host]
     else:  # a CPU trace: no CUDA calls, the host lane shows the operators themselves
         ops = top_level([e for e in events if e.get("cat") == "cpu_op" and inside(e)])
         host_lane = [[float(e["ts"]) - start, float(e["dur"]), "operator"] for e in ops]
-    gpu_lane = [[float(e["ts"]) - start, float(e["dur"])] for e in sorted(gpu, key=lambda e: e["ts"])]
+    gpu_lane = []
+    for e in sorted(gpu, key=lambda e: e["ts"]):
+        t = float(e["ts"]) - start
+        gpu_lane.append([max(t, 0.0), float(e["dur"]) + min(t, 0.0)])
     busy = union_length([(t, t + d) for t, d in gpu_lane])
+    gpu_end = max((t + d for t, d in gpu_lane), default=0.0)
     return {
         "step_ms": (end - start) / 1000,
         "gpu_busy_ms": busy / 1000,
+        "gpu_idle_ms": (gpu_end - busy) / 1000 if gpu_lane else 0.0,
         "gpu_kernels": sum(1 for e in gpu if e.get("cat") == "kernel"),
         "launches": sum(1 for _, _, kind in host_lane if kind in ("launch", "graph")),
         "host": [[round(t, 1), round(d, 1), kind] for t, d, kind in host_lane],
@@ -109,21 +126,34 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
 # Running the engine under the profiler
 
 
-def profile_step(llm, device) -> dict[str, Any]:
+def profile_step(llm, device, steps: int = 1) -> dict[str, Any]:
+    """`steps` consecutive engine steps in one profiled window (the GPU is idle when it opens,
+    unless a step of an overlapped loop is still in flight)."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
+    if getattr(llm, "in_flight", None) is None:  # an overlapped loop keeps its step in flight
+        sync()
     with profile(activities=activities) as prof:
         with record_function(STEP_LABEL):
-            llm.step()
+            for _ in range(steps):
+                llm.step()
         sync()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         return summarise_trace(json.loads(path.read_text()))
+
+
+def set_overlap(llm, on: bool) -> None:
+    """Switch a stage 06 engine's overlap on or off between steps (a step in flight is processed
+    first: the serial loop has none)."""
+    if not on and llm.in_flight is not None:
+        previous, llm.in_flight = llm.in_flight, None
+        llm.process(previous)
+    llm.overlap = on
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,15 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/profiles"), help="folder for the JSON")
     parser.add_argument(
-        "--name", default=None, help="file name (default: stage05_decode_step_b<batch>_<device>)"
+        "--name", default=None, help="file name (default: stage<NN>_decode_step_b<batch>_<device>)"
     )
+    parser.add_argument("--stage", choices=STAGES, default="05_cuda_graph", help="which stage's comparison")
+    parser.add_argument("--steps", type=int, default=None, help="steps per window (default: 1; stage 06: 8)")
     args = parser.parse_args(argv)
+    steps = args.steps or (8 if args.stage == "06_overlap" else 1)
 
     from stages.common.hardware import describe, versions
     from stages.common.sampling import SamplingParams
 
-    stage = importlib.import_module("stages.05_cuda_graph")
-    graph = importlib.import_module("stages.05_cuda_graph.graph")
+    stage = importlib.import_module(f"stages.{args.stage}")
+    graph = importlib.import_module(f"stages.{args.stage}.graph")
     llm = stage.LLM(args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
                     max_running_requests=max(args.batch, 1), cuda_graph_max_bs=args.batch)  # fmt: skip
     stand_in = llm.runner.graphs is None
@@ -157,25 +190,30 @@ def main(argv: list[str] | None = None) -> int:
     graphs = llm.runner.graphs
     rng = random.Random(0)
     vocab = min(llm.config.vocab_size, 10_000)
-    steps = 2 * args.warmup_steps + 8
-    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=steps + 4)
+    total_steps = 2 * (args.warmup_steps + steps) + 8
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=total_steps + 4)
     for _ in range(args.batch):
         llm.add_request([rng.randrange(vocab) for _ in range(args.prompt_len)], params)
     while any(not r.output_ids for r in [*llm.scheduler.running, *llm.scheduler.waiting]):
         llm.step()  # prefill (chunked if the prompts exceed the budget)
     modes = {}
-    for mode, runner_graphs in (("eager", None), ("graph", graphs)):
-        llm.runner.graphs = runner_graphs
+    first, second = STAGE_MODES[args.stage]
+    for mode in (first, second):
+        if args.stage == "05_cuda_graph":
+            llm.runner.graphs = graphs if mode == "graph" else None
+        else:
+            set_overlap(llm, mode == "overlap")
         for _ in range(args.warmup_steps):
             llm.step()
-        modes[mode] = profile_step(llm, llm.device)
+        modes[mode] = profile_step(llm, llm.device, steps)
     llm.runner.graphs = graphs
 
     hardware = describe()
     device_name = hardware.get("gpu") or hardware.get("cpu")
     result = {
         "kind": "decode-step-profile",
-        "stage": "05_cuda_graph",
+        "stage": args.stage,
+        "steps": steps,
         "model": Path(args.model).name if args.model else "SmolLM2-135M-Instruct",
         "device": str(device_name),
         "device_type": llm.device.type,
@@ -190,13 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join(["python", "scripts/profile_decode_step.py", *(argv or sys.argv[1:])]),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    name = args.name or f"stage05_decode_step_b{args.batch}_{llm.device.type}"
+    name = args.name or f"stage{args.stage[:2]}_decode_step_b{args.batch}_{llm.device.type}"
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{name}.json"
     path.write_text(json.dumps(result, separators=(",", ":")) + "\n")
     for mode, m in modes.items():
-        print(f"{mode:6} step {m['step_ms']:.2f} ms, GPU busy {m['gpu_busy_ms']:.2f} ms, "
-              f"{m['gpu_kernels']} kernels, {m['launches']} launches")  # fmt: skip
+        print(f"{mode:7} {steps} step(s) {m['step_ms']:.2f} ms, GPU busy {m['gpu_busy_ms']:.2f} ms, "
+              f"idle {m['gpu_idle_ms']:.2f} ms, {m['gpu_kernels']} kernels, {m['launches']} launches")  # fmt: skip
     print(f"-> {path}")
     return 0
 

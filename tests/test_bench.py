@@ -109,6 +109,13 @@ def test_online_arrivals_are_poisson_at_the_rate():
     assert [it.prompt_ids for it in w.items] == [it.prompt_ids for it in wl.offline(VOCAB).items]
 
 
+def test_online_by_name_is_the_online_workload_at_a_moderate_default_rate():
+    w = wl.make_workload("online", VOCAB, scale=0.1)
+    assert w.settings["rate"] == wl.DEFAULT_ONLINE_RATE
+    assert w.items == wl.online(wl.DEFAULT_ONLINE_RATE, VOCAB, scale=0.1).items
+    assert wl.make_workload("online", VOCAB, scale=0.1, rate=4).settings["rate"] == 4
+
+
 # ---------------------------------------------------------------------------------------------
 # The driver and the metrics, on a fake engine
 

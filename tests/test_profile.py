@@ -94,3 +94,36 @@ def test_without_profiles_the_fragment_says_when_they_come(tmp_path):
 
 def test_the_committed_fragment_is_up_to_date():
     assert render_profile.stale_files() == [], "run make docs-gen"
+
+
+def test_gpu_idle_is_the_windows_gaps_up_to_the_last_gpu_work():
+    trace = {
+        "traceEvents": [
+            event("user_annotation", "decode step", 100, 20),  # the host is done at 120 ...
+            event("kernel", "running at the start", 95, 10, tid=7),  # counts from 100: 5 us
+            event("kernel", "gemm", 110, 10, tid=7),
+            event("gpu_memcpy", "Memcpy DtoH", 125, 5, tid=7),  # ... the GPU at 130
+        ]
+    }
+    s = profiler.summarise_trace(trace)
+    assert s["gpu"] == [[0.0, 5.0], [10.0, 10.0], [25.0, 5.0]]
+    assert s["gpu_busy_ms"] == pytest.approx(0.020) and s["gpu_idle_ms"] == pytest.approx(0.010)
+
+
+def test_the_script_profiles_stage06_steps_with_overlap_off_and_on(tmp_path, tiny_qwen3_dir):
+    args = ["--stage", "06_overlap", "--steps", "3", "--model", str(tiny_qwen3_dir), "--device", "cpu",
+            "--dtype", "float32", "--attn", "torch", "--batch", "2", "--prompt-len", "8", "--warmup-steps", "1",
+            "--out", str(tmp_path), "--name", "p"]  # fmt: skip
+    assert profiler.main(args) == 0
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert (
+        data["stage"] == "06_overlap" and data["steps"] == 3 and set(data["modes"]) == {"serial", "overlap"}
+    )
+    root = tmp_path / "repo"
+    (root / "benchmarks/profiles/cpu").mkdir(parents=True)
+    (tmp_path / "p.json").rename(root / "benchmarks/profiles/cpu/p.json")
+    render_profile.write_all(root)
+    text = (root / render_profile.FRAGMENTS["06_overlap"]).read_text()
+    assert "(../assets/profiles/cpu_p.png)" in text and "overlap on: 3 steps in" in text
+    assert "No decode-step profile yet" in (root / render_profile.FRAGMENT).read_text()
+    assert render_profile.stale_files(root) == []

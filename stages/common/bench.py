@@ -4,6 +4,7 @@
     python -m stages.common.bench --engine stages.02_paged_kv --workload offline --engine-arg attn=fi
     python -m stages.common.bench --engine hf --workload latency --dtype bfloat16 --repeats 3
     python -m stages.common.bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=8
+    python -m stages.common.bench --engine stages.06_overlap --workload online --workload-arg rate=16
 
 Each run happens in a child process (this module again, with `--child`), so nothing one run
 compiled, cached or allocated helps the next; the child serves a small warm-up first and only
@@ -45,7 +46,7 @@ if TYPE_CHECKING:  # the parent process only starts children: it never imports t
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("benchmarks/results")
 # The names of stages.common.workloads.WORKLOADS (a test keeps them equal), without importing it.
-WORKLOAD_NAMES = ("offline", "latency", "decode-step", "shared-prefix", "no-sharing", "long-prompt")
+WORKLOAD_NAMES = ("offline", "latency", "decode-step", "shared-prefix", "no-sharing", "long-prompt", "online")
 HF_ENGINE = "hf"
 SHARING_WORKLOADS = ("shared-prefix", "no-sharing")
 # Set by scripts/gpu_run.sh for one device call: results that share it were measured side by side.
@@ -527,7 +528,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="passed to the workload generator, repeatable (batch=8 for decode-step)",
+        help="passed to the workload generator, repeatable (batch=8 for decode-step, rate=16 for online)",
     )
     parser.add_argument("--repeats", type=int, default=1, help="fresh processes; metrics are medians")
     parser.add_argument(

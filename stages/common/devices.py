@@ -35,3 +35,29 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so that host clocks measure it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# --8<-- [start:copies]
+def to_device(values: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host list as a tensor on `device`, without making the host wait for the GPU.
+
+    `torch.tensor(values, device="cuda")` copies with non_blocking=False, which waits for every
+    kernel already queued on the stream: one step's worth of GPU time. Through pinned (page-locked)
+    memory the copy is queued like a kernel and the host moves on; PyTorch's caching host allocator
+    keeps the pinned block until the copy has run, so the host may build the next one at once."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """Start copying a GPU tensor into pinned host memory and return the host tensor, to be read
+    only once an event recorded after this call has completed (on a CPU: the tensor itself)."""
+    if tensor.device.type != "cuda":
+        return tensor
+    out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return out.copy_(tensor, non_blocking=True)
+
+
+# --8<-- [end:copies]

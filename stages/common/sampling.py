@@ -3,6 +3,10 @@
 Order of operations (the same as vLLM and SGLang): divide by the temperature, keep the top-k
 logits, keep the smallest set of tokens whose probability reaches top-p, drop tokens whose
 probability is below min-p times the largest, then draw. Temperature 0 is greedy.
+
+`sample` returns the tokens on the logits' device and the log-probabilities on the host.
+`sample_on_device` never makes the host wait for the GPU: the tokens and the log-probability
+tensors stay on the device (stage 06 copies them back while the next step runs).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .devices import to_device, to_host
 from .errors import UserError
 
 
@@ -100,28 +105,39 @@ def sample(
     generators: list[torch.Generator | None] | None = None,
 ) -> SampleOutput:
     """Pick the next token of every row of `logits` [batch, vocab] under that row's parameters."""
+    tokens, logprobs = sample_on_device(logits, params, generators)
+    return SampleOutput(tokens=tokens, logprobs=logprobs.entries() if logprobs else [None] * len(params))
+
+
+def sample_on_device(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None] | None = None,
+) -> tuple[torch.Tensor, Logprobs | None]:
+    """`sample` without a host synchronisation: the tokens [batch], and the log-probabilities the
+    requests asked for (None if none did), both still on the logits' device."""
     logits = logits.float()
     greedy_tokens = logits.argmax(dim=-1)
     if all(p.greedy for p in params):
         tokens = greedy_tokens
     else:
         tokens = _draw(logits, params, generators or [None] * len(params))
-        is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        is_greedy = to_device([p.greedy for p in params], logits.device, torch.bool)
         tokens = torch.where(is_greedy, greedy_tokens, tokens)
-    return SampleOutput(tokens=tokens, logprobs=_logprobs(logits, tokens, params))
+    return tokens, _logprobs(logits, tokens, params)
 
 
 # --8<-- [start:draw]
 def _draw(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]):
     device = logits.device
-    temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
+    temperature = to_device([p.temperature if not p.greedy else 1.0 for p in params], device, torch.float32)
     scaled = logits / temperature.unsqueeze(-1)
     if any(p.top_k > 1 for p in params):
-        scaled = top_k_mask(scaled, torch.tensor([p.top_k for p in params], device=device))
+        scaled = top_k_mask(scaled, to_device([p.top_k for p in params], device))
     if any(p.top_p < 1 for p in params):
-        scaled = top_p_mask(scaled, torch.tensor([p.top_p for p in params], device=device))
+        scaled = top_p_mask(scaled, to_device([p.top_p for p in params], device, torch.float32))
     if any(p.min_p > 0 for p in params):
-        scaled = min_p_mask(scaled, torch.tensor([p.min_p for p in params], device=device))
+        scaled = min_p_mask(scaled, to_device([p.min_p for p in params], device, torch.float32))
     probs = scaled.softmax(dim=-1)
     # Exponential race (the Gumbel-max trick in another form): argmax(p_i / E_i) with E_i ~ Exp(1)
     # draws token i with probability p_i, needs no normalisation and no per-row multinomial call.
@@ -135,23 +151,44 @@ def _draw(logits: torch.Tensor, params: list[SamplingParams], generators: list[t
 # --8<-- [end:draw]
 
 
-def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]):
+@dataclass
+class Logprobs:
+    """The log-probabilities of a batch's sampled tokens, and of each row's top n, as tensors."""
+
+    wanted: list[int | None]  # per row: None (no logprobs) or how many top entries
+    chosen: torch.Tensor  # [batch] the sampled token's log-probability
+    top_values: torch.Tensor | None  # [batch, max n], largest first
+    top_ids: torch.Tensor | None
+
+    def to_host(self) -> Logprobs:
+        """Start the copies to pinned host memory (see devices.to_host: read after an event)."""
+        top = None if self.top_values is None else (to_host(self.top_values), to_host(self.top_ids))
+        return Logprobs(self.wanted, to_host(self.chosen), *(top or (None, None)))
+
+    def entries(self) -> list[dict[str, Any] | None]:
+        """Per row: {"token_logprob", "top_ids", "top_logprobs"}, or None (reads the tensors)."""
+        chosen = self.chosen.tolist()
+        values = self.top_values.tolist() if self.top_values is not None else None
+        ids = self.top_ids.tolist() if self.top_ids is not None else None
+        out: list[dict[str, Any] | None] = []
+        for row, n in enumerate(self.wanted):
+            if n is None:
+                out.append(None)
+                continue
+            entry: dict[str, Any] = {"token_logprob": chosen[row], "top_ids": [], "top_logprobs": []}
+            if n and ids is not None and values is not None:
+                entry["top_ids"], entry["top_logprobs"] = ids[row][:n], values[row][:n]
+            out.append(entry)
+        return out
+
+
+def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]) -> Logprobs | None:
     wanted = [p.logprobs for p in params]
     if all(n is None for n in wanted):
-        return [None] * len(params)
+        return None
     # Log-probabilities of the model's own distribution (before temperature and filters).
     logp = logits.log_softmax(dim=-1)
     top_n = max(n or 0 for n in wanted)
     top_values, top_ids = logp.topk(min(top_n, logp.shape[-1]), dim=-1) if top_n else (None, None)
-    chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
-    out: list[dict[str, Any] | None] = []
-    for row, n in enumerate(wanted):
-        if n is None:
-            out.append(None)
-            continue
-        entry: dict[str, Any] = {"token_logprob": chosen[row], "top_ids": [], "top_logprobs": []}
-        if n and top_ids is not None:
-            entry["top_ids"] = top_ids[row, :n].tolist()
-            entry["top_logprobs"] = top_values[row, :n].tolist()
-        out.append(entry)
-    return out
+    chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return Logprobs(wanted, chosen, top_values, top_ids)

@@ -14,7 +14,9 @@ Every generator is deterministic for a `seed` and takes the same three knobs:
     shared-prefix  groups sharing a long system prompt, and multi-turn chat sessions
     no-sharing     shared-prefix's sizes with nothing shared: what a prefix cache costs when it never hits
     long-prompt    a few 16k-32k prompts arriving while many short requests decode
-    online         offline-like requests arriving as a Poisson process
+    online         offline-like requests arriving as a Poisson process (the bench harness serves it
+                   in-process at --workload-arg rate=R, default 16 per second; scripts/bench_online.py
+                   sends it to a server)
 
 A `WorkItem` with `session` set belongs to a multi-turn chat: its `turn` k > 0 is sent only when
 turn k - 1 has finished (a user reads the answer before typing the next message), and then its
@@ -304,7 +306,25 @@ def _chat_params(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)
 
 
-# The workloads the bench harness runs by name (online needs a rate: it belongs to the server bench).
+# A moderate load for the offline requests at scale 1 on one GPU: a Qwen3-0.6B-sized model serves
+# about 30 of them per second there, so queues stay short and TTFT and ITL show the engine's pace.
+DEFAULT_ONLINE_RATE = 16.0
+
+
+def online_in_process(
+    vocab_size: int,
+    seed: int = 0,
+    scale: float = 1.0,
+    *,
+    rate: float = DEFAULT_ONLINE_RATE,
+    **sizes: float | int,
+) -> Workload:
+    """`online` by name for the bench harness, which feeds the arrivals to an engine in-process
+    (a stage has no server): the harness's `drive` adds each request at its arrival time."""
+    return online(rate, vocab_size, seed, scale, **sizes)
+
+
+# The workloads the bench harness runs by name.
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "offline": offline,
     "latency": latency,
@@ -312,6 +332,7 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
     "shared-prefix": shared_prefix,
     "no-sharing": no_sharing,
     "long-prompt": long_prompt,
+    "online": online_in_process,
 }
 
 
