@@ -1,23 +1,19 @@
-"""A finding in final/'s overlap scheduling, kept as a strict xfail until final/ is fixed (then this
-test passes, the xfail turns red, and the marker goes).
+"""Overlap keeps the radix hits of the serial loop.
 
-final/ offers a prompt to the prefix cache when the step that completed it is *collected*. With
-overlap, the next step is scheduled before that, so a request that waited one step for a shared
-prefix (MIN_SHARED_TO_WAIT) is admitted before the prefix is in the cache, and computes it again.
-Stage 06 inserts the prompt when the step is launched (every later step runs after it on the one
-stream), and gets the serial loop's hits (tests/test_stage06_overlap.py, the same schedule).
+A prompt is offered to the prefix cache when the step that completes it is *launched* (every
+later step runs after it on the one stream). Offered at collect instead, the step scheduled
+meanwhile under overlap admits a request that waited one step for the shared prefix
+(MIN_SHARED_TO_WAIT) before the prefix is in the cache, and it computes the prefix again: cached
+tokens [0, 0, 40] instead of [0, 40, 40] (found by the stage 06 work; stage 06 does the same).
 """
 
 from __future__ import annotations
-
-import pytest
 
 import final
 from final.core.sampling_params import SamplingParams
 from tests.fixtures.tiny_models import sample_prompts
 
 
-@pytest.mark.xfail(strict=True, reason="final/ inserts a prompt into the prefix cache only at collect")
 def test_overlap_keeps_the_radix_hits_of_the_serial_loop(tiny_qwen3_dir):
     base = sample_prompts(tiny_qwen3_dir, n=4, seed=4)
     prompts = [base[1][:40] + p[:5] for p in base[:3]]  # a 40-token shared head

@@ -57,7 +57,7 @@ from ..scheduler import NeedsDrain, Request, ScheduledBatch, Scheduler, Status
 from .messages import EngineInfo, EngineStats, RequestDelta
 from .ranks import RankGroup
 from .runner import ModelRunner
-from .sampler import Sampler, TopLogprobs, make_generator
+from .sampler import Sampler, TopLogprobs, make_generator, to_host
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ class StepHandle:
 
     batch: ScheduledBatch
     sampled: list[Request]  # the requests that get a token from this step, in row order
-    completes_prefill: list[bool]  # per sampled request: this step finished its prompt
     tokens: torch.Tensor | None  # [len(sampled)] on the host (pinned) once `done` has fired
     done: torch.cuda.Event | None  # recorded after the copy; None on the CPU (already done)
     logprobs: TopLogprobs | None
@@ -220,7 +219,7 @@ class EngineCore:
         """Run the step's forward pass and sampling on the device; do not wait for them."""
         batch = self._admit_rows(batch)
         if not batch.requests:
-            return StepHandle(batch, [], [], None, None, None)
+            return StepHandle(batch, [], None, None, None)
         step = batch.step_input()
         if self.ranks is not None:  # the other ranks run the same step: send it, with its page writes
             self.ranks.send_step(step, self.runner.page_table.pending_writes())
@@ -234,23 +233,29 @@ class EngineCore:
                 completes_prefill.append(q_len > 1 or req.num_generated == 0)
                 req.num_pending += 1
                 req.last_token_on_device = True  # record_tokens writes it into the request's row
+        for req, prompt_done in zip(sampled, completes_prefill, strict=True):
+            if prompt_done:
+                # The prompt's K and V are being written by this step, and every later step runs
+                # after it on the one stream: the cache can offer them now. Waiting for `collect`
+                # would let the step scheduled meanwhile (overlap) miss them and compute them again.
+                self.scheduler.cache_request(req)
         self.stats.num_steps += 1
         if not sampled:
-            return StepHandle(batch, [], [], None, None, None)
+            return StepHandle(batch, [], None, None, None)
         rows = self.runner.buffers.sampled_rows[: len(sampled)]
         generators = [self.generators.get(r.rid) for r in sampled]
         out = self.sampler.sample(logits, rows, [r.params for r in sampled], generators)
         if self.ranks is not None:  # sampled once, here: every rank's token table gets these tokens
             self.ranks.share_tokens(out.tokens)
         self.runner.record_tokens(out.tokens)  # the next decode step's inputs, on the device
-        tokens, done = out.tokens, None
-        if tokens.is_cuda:
-            tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True).copy_(
-                tokens, non_blocking=True
-            )
+        # Tokens (and logprobs) go to pinned host memory behind the step's kernels; `collect` waits
+        # for this one event, never for the whole stream (which would include the next step).
+        tokens, done = to_host(out.tokens), None
+        logprobs = out.logprobs.to_host() if out.logprobs is not None else None
+        if out.tokens.is_cuda:
             done = torch.cuda.Event()
             done.record()
-        return StepHandle(batch, sampled, completes_prefill, tokens, done, out.logprobs)
+        return StepHandle(batch, sampled, tokens, done, logprobs)
 
     def _admit_rows(self, batch: ScheduledBatch) -> ScheduledBatch:
         """Write the sampling parameters of requests new to their row (admitted, or readmitted
@@ -295,8 +300,7 @@ class EngineCore:
         self.scheduler.release_retired()
         logprobs = handle.logprobs.entries() if handle.logprobs is not None else [None] * len(tokens)
         deltas: list[RequestDelta] = []
-        work = zip(handle.sampled, handle.completes_prefill, tokens, logprobs, strict=True)
-        for req, completes_prefill, token, entry in work:
+        for req, token, entry in zip(handle.sampled, tokens, logprobs, strict=True):
             req.num_pending -= 1
             if req.status is Status.FINISHED:
                 continue  # finished (or aborted) after this step was launched: its token is dropped
@@ -306,9 +310,6 @@ class EngineCore:
                 # Under overlap the next step is in flight and may hold this request.
                 self.scheduler.finish(req, defer_release=bool(self.in_flight))
                 self._forget(req.rid)
-            elif completes_prefill:
-                # The prompt is in the pool now: requests that arrive while this one decodes reuse it.
-                self.scheduler.cache_request(req)
             deltas.append(
                 RequestDelta(
                     rid=req.rid,

@@ -40,6 +40,14 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
     return gen
 
 
+def to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A GPU tensor's copy in pinned host memory, queued on the stream (no wait: read it only after
+    an event recorded later has fired); a CPU tensor (or None) as it is."""
+    if t is None or not t.is_cuda:
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+
 @dataclass
 class TopLogprobs:
     """Log-probabilities of a step, still on the device: `entries()` copies them to the host."""
@@ -48,6 +56,10 @@ class TopLogprobs:
     chosen: torch.Tensor  # [S] logprob of each sampled token
     top_ids: torch.Tensor | None  # [S, max n] or None when no row wants candidates
     top_values: torch.Tensor | None
+
+    def to_host(self) -> TopLogprobs:
+        """The same numbers, copied to pinned host memory behind the kernels that compute them."""
+        return TopLogprobs(self.wanted, to_host(self.chosen), to_host(self.top_ids), to_host(self.top_values))
 
     def entries(self) -> list[dict[str, Any] | None]:
         chosen = self.chosen.tolist()
