@@ -12,7 +12,6 @@ from final.kvcache import KVCacheManager, PageTable, create_prefix_cache
 from final.scheduler.request import Request
 from final.scheduler.scheduler import Scheduler
 
-
 # ---------------------------------------------------------------------------------------------
 # Scheduler and cache manager: pages never leak or get shared, whatever arrives and leaves
 
