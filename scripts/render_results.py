@@ -10,6 +10,11 @@ Every result belongs to a group: its ``name`` up to the first ``_``, ``-`` or ``
   ``docs/``, as ``docs/chapters/01_naive_generate.md``), included under "Measure it";
 - ``docs/assets/plots/<group>.png``: its plot, when the group has results.
 
+The performance ladder (``docs/generated/ladder.md`` for the results page) is rendered a second
+time for the Performance page one folder below (``performance_ladder.md``, its plot linked from
+there), beside final/ against Mini-SGLang in the same device call (``performance_versus.md``,
+scripts/results_versus.py).
+
 Every stage has a group ``stageNN`` (and ``final/`` the groups ``final`` and ``attn``, its attention
 backends) even before it has results, so a chapter can always include its fragment. ``docs/generated/all_results.md`` holds every group
 for ``docs/results.md``. The schema of a result file is documented in ``benchmarks/README.md``.
@@ -24,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts import generated, results_ladder, results_plots  # noqa: E402
+from scripts import generated, results_ladder, results_plots, results_versus  # noqa: E402
 from scripts.results_model import (  # noqa: E402, F401  (re-exported: the tests and other scripts use them)
     HEADER,
     Result,
@@ -54,6 +59,8 @@ GENERATED_DIR = Path("docs/generated")
 PLOTS_DIR = Path("docs/assets/plots")
 ALL_RESULTS = GENERATED_DIR / "all_results.md"
 LADDER = GENERATED_DIR / "ladder.md"
+PERFORMANCE_LADDER = GENERATED_DIR / "performance_ladder.md"  # for docs/serving/performance.md
+PERFORMANCE_VERSUS = GENERATED_DIR / "performance_versus.md"
 LADDER_PLOT = PLOTS_DIR / "ladder.png"
 
 
@@ -204,8 +211,11 @@ def render_markdown(root: Path = ROOT) -> dict[Path, str]:
         for group, results in groups.items()
     }
     pages[ALL_RESULTS] = render_all_results(groups)
-    ladder = results_ladder.build(root, load_results(Path(root) / RESULTS_DIR))
+    results = load_results(Path(root) / RESULTS_DIR)
+    ladder = results_ladder.build(root, results)
     pages[LADDER] = results_ladder.render(ladder, f"assets/plots/{LADDER_PLOT.name}")
+    pages[PERFORMANCE_LADDER] = results_ladder.render(ladder, f"../assets/plots/{LADDER_PLOT.name}")
+    pages[PERFORMANCE_VERSUS] = results_versus.render(results)
     return pages
 
 

@@ -14,6 +14,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from scripts import render_results as rr  # noqa: E402
+from scripts import results_versus  # noqa: E402
 
 
 def result(name: str, **overrides: Any) -> dict[str, Any]:
@@ -51,6 +52,8 @@ def test_no_results_still_gives_every_page(tmp_path: Path) -> None:
     assert sorted(p.name for p in generated.iterdir()) == [
         "all_results.md",
         "ladder.md",
+        "performance_ladder.md",
+        "performance_versus.md",
         "results_stage01.md",
         "results_stage02.md",
     ]
@@ -214,6 +217,84 @@ def test_the_ladder_has_a_row_per_stage_and_peer_and_says_what_is_missing(tmp_pa
     assert "ladder_final_h200" not in rr.render_markdown(root)[Path("docs/generated/all_results.md")]
     rr.write_all(root)
     assert (root / "docs/assets/plots/ladder.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_performance_page_shows_the_same_ladder_with_its_plot_one_folder_down(tmp_path: Path) -> None:
+    root = make_repo(tmp_path)
+    write(root, "h200/c.json", ladder_result("ladder_final_h200", "final", 9000.0, run_id="c1"))
+    pages = rr.render_markdown(root)
+    ladder = pages[Path("docs/generated/ladder.md")]
+    nested = pages[Path("docs/generated/performance_ladder.md")]
+    assert "](assets/plots/ladder.png)" in ladder and "](../assets/plots/ladder.png)" in nested
+    assert nested == ladder.replace("](assets/plots/ladder.png)", "](../assets/plots/ladder.png)")
+
+
+def versus_result(
+    name: str, stage: str, workload: str, metric: str, value: float, run_id: str | None,
+    gpu: str = "NVIDIA H200", timestamp: str = "2026-01-01T00:00:00Z", **config: Any,
+) -> dict[str, Any]:  # fmt: skip
+    return result(name, stage=stage, workload=workload, metrics={metric: value}, run_id=run_id,
+                  config={"scale": 1.0, "attn": "fi", "device": "cuda", **config},
+                  hardware={"cpu": "Xeon", "gpu": gpu}, timestamp=timestamp)  # fmt: skip
+
+
+def test_final_meets_mini_sglang_only_within_one_device_call(tmp_path: Path) -> None:
+    root = make_repo(tmp_path)
+    tok, ms = "output_tok_per_s", "decode_step_ms"
+    for i, data in enumerate([
+        # H200, one call: offline behind, batch-1 ahead; the ablation (graphs off) never pairs
+        versus_result("ladder_final_h200", "final", "offline", tok, 9000.0, "c1"),
+        versus_result("ladder_minisgl_h200", "mini-sglang", "offline", tok, 18000.0, "c1"),
+        versus_result("final_latency_fi_h200", "final", "latency", ms, 1.2, "c1"),
+        versus_result("final_latency_eager_h200", "final", "latency", ms, 0.5, "c1",
+                      timestamp="2026-02-01T00:00:00Z", cuda_graph_max_bs=0),
+        versus_result("minisgl_latency_h200", "mini-sglang", "latency", ms, 1.8, "c1"),
+        # H100: final and Mini-SGLang of different calls do not pair; the newest common call wins
+        versus_result("final_offline_h100", "final", "offline", tok, 30000.0, "c2", "NVIDIA H100"),
+        versus_result("minisgl_offline_h100", "mini-sglang", "offline", tok, 10000.0, "c3", "NVIDIA H100"),
+        versus_result("old_final_h100", "final", "offline", tok, 11500.0, "c0", "NVIDIA H100"),
+        versus_result("old_minisgl_h100", "mini-sglang", "offline", tok, 10000.0, "c0", "NVIDIA H100",
+                      timestamp="2025-06-01T00:00:00Z"),
+        versus_result("new_final_h100", "final", "offline", tok, 10000.0, "c4", "NVIDIA H100"),
+        versus_result("new_minisgl_h100", "mini-sglang", "offline", tok, 12500.0, "c4", "NVIDIA H100",
+                      timestamp="2026-06-01T00:00:00Z"),
+        # a scaled-down run is not the workload
+        versus_result("small_final_h100", "final", "latency", ms, 0.1, "c4", "NVIDIA H100", scale=0.1),
+        versus_result("small_minisgl_h100", "mini-sglang", "latency", ms, 0.2, "c4", "NVIDIA H100"),
+    ]):  # fmt: skip
+        write(root, f"{i}.json", data)
+    page = rr.render_markdown(root)[Path("docs/generated/performance_versus.md")]
+    h100, h200 = page.split("### H100")[1].split("### H200")
+    rows = table_rows(h200)
+    assert rows["offline (tok/s)"][:4] == ["9,000", "18,000", "0.50×", "≥ 1.15×: not yet"]
+    assert rows["batch-1 step (ms)"][:4] == ["1.20", "1.80", "1.50×", "≤ 1.50 ms: met"]
+    assert "`final_latency_fi_h200` (attn=fi), `minisgl_latency_h200`" in h200 and "eager" not in h200
+    rows = table_rows(h100)
+    assert rows["offline (tok/s)"][:4] == ["10,000", "12,500", "0.80×", "≥ 1.15×: not yet"]
+    assert rows["batch-1 step (ms)"][:4] == ["next GPU run", "next GPU run", "", "—"]
+
+
+def table_rows(section: str) -> dict[str, list[str]]:
+    """A markdown table's rows by their first cell: the other cells, stripped."""
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("| ")
+    ]
+    return {row[0]: row[1:] for row in rows}
+
+
+def test_the_goals_are_issue_12s() -> None:
+    offline, batch1 = results_versus.MEASURES
+    assert offline.met("H100", 0.0, 1.15) == "met" and offline.met("H200", 0.0, 1.14) == "not yet"
+    assert batch1.met("H200", 1.5, 0.0) == "met" and batch1.met("H200", 1.51, 9.0) == "not yet"
+    assert batch1.goal("H100") == "—" and batch1.met("H100", 0.1, 9.0) == ""
+
+
+def test_the_performance_page_has_both_goal_gpus_before_any_result(tmp_path: Path) -> None:
+    page = rr.render_markdown(make_repo(tmp_path))[Path("docs/generated/performance_versus.md")]
+    assert page.index("### H100") < page.index("### H200")
+    assert page.count("| next GPU run | next GPU run |") == 4
 
 
 def test_a_new_stage_joins_the_ladder_by_existing(tmp_path: Path) -> None:

@@ -144,24 +144,32 @@ print(
 
 # %%
 def simulate(overlap: bool, host_launch: int = 3, gpu: int = 6, host_process: int = 2) -> dict:
-    clock = {"host": 0, "gpu_free": 0, "busy": 0, "steps": 0}
+    clock = {"host": 0, "gpu_free": 0, "busy": 0, "steps": 0, "lanes": []}
     launch, process, wait = engine.LLM.launch, engine.LLM.process, engine.Launched.wait
 
+    def record(lane: str, start: int, length: int, kind: str) -> None:
+        if length > 0:
+            clock["lanes"].append((lane, start, length, kind))
+
     def timed_launch(self, batch):
+        record("host", clock["host"], host_launch, "schedule and launch")
         clock["host"] += host_launch
         launched = launch(self, batch)
         start = max(clock["gpu_free"], clock["host"])
+        record("GPU", start, gpu, "step")
         clock["gpu_free"] = launched.end = start + gpu
         clock["busy"] += gpu
         clock["steps"] += 1
         return launched
 
     def timed_wait(launched):
+        record("host", clock["host"], launched.end - clock["host"], "wait for the tokens")
         clock["host"] = max(clock["host"], launched.end)
         return wait(launched)
 
     def timed_process(self, launched):
         finished = process(self, launched)
+        record("host", clock["host"], host_process, "process")
         clock["host"] += host_process
         return finished
 
@@ -174,12 +182,42 @@ def simulate(overlap: bool, host_launch: int = 3, gpu: int = 6, host_process: in
     return clock
 
 
-for overlap in (False, True):
-    c = simulate(overlap)
+clocks = {overlap: simulate(overlap) for overlap in (False, True)}
+for overlap, c in clocks.items():
     print(
         f"overlap {'on ' if overlap else 'off'}: {c['steps']} steps in {c['host']} units; "
         f"the GPU busy {c['busy']} ({100 * c['busy'] / c['host']:.0f}%)"
     )
+
+# %% [markdown]
+# The same two runs drawn as timelines, one lane for the host and one for the GPU (the first 60
+# units). Without overlap the two lanes take turns: the GPU waits while the host processes a step
+# and launches the next, and the host waits while the GPU runs. With overlap the host launches
+# step N+1 and then processes step N while the GPU runs step N+1, so the GPU lane has no gaps
+# and the host waits only for the rest of each step.
+
+# %%
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
+colours = {"schedule and launch": "#3f6fb5", "process": "#e67e22", "wait for the tokens": "#dddddd",
+           "step": "#27ae60"}  # fmt: skip
+window = 60
+fig, axes = plt.subplots(2, 1, figsize=(9, 3.4), sharex=True)
+for ax, (overlap, c) in zip(axes, clocks.items(), strict=True):
+    for lane, y in (("host", 1.1), ("GPU", 0.1)):
+        for kind, colour in colours.items():
+            bars = [(s, n) for ln, s, n, k in c["lanes"] if ln == lane and k == kind and s < window]
+            ax.broken_barh(bars, (y, 0.8), facecolors=colour, edgecolor="white", lw=0.5)
+    ax.set_yticks([0.5, 1.5], ["GPU", "host"])
+    ax.set_ylim(0, 2)
+    ax.set_xlim(0, window)
+    ax.set_title(f"overlap {'on' if overlap else 'off'}", fontsize=9, loc="left")
+axes[-1].set_xlabel("simulated time (units: host launch 3, GPU step 6, host processing 2)")
+fig.legend(handles=[Patch(color=col, label=kind) for kind, col in colours.items()], loc="lower center",
+           ncol=4, fontsize=8, frameon=False)  # fmt: skip
+fig.tight_layout(rect=(0, 0.08, 1, 1))
+plt.show()
 
 # %% [markdown]
 # ## Overlap changes no token

@@ -1,0 +1,143 @@
+"""final/ against Mini-SGLang, head to head, for the Performance page (docs/serving/performance.md):
+the offline workload's output throughput and the batch-1 decode step, each against issue 12's goal.
+
+A comparison counts only when both engines ran in the same device call (the same `run_id` in their
+result files): the lent machines differ from call to call. So, per GPU and per measure, the pair is
+a full-scale result of `final` and one of `mini-sglang` (scripts/bench_peer.py writes those) that
+share a `run_id`, the newest such pair winning. Runs with a feature switched off (no CUDA graphs,
+overlap off) or tensor parallelism are ablations, not the engine as it serves: they never pair.
+Every row says "next GPU run" until its pair exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scripts.results_model import HEADER, Result, code, device_of, device_order, format_metric, format_value
+
+FINAL, PEER = "final", "mini-sglang"
+EMPTY = "next GPU run"
+GOAL_DEVICES = ("H100", "H200")  # issue 12 sets its goals on these: their tables show even when empty
+SETTINGS = ("attn", "page_size")
+
+
+@dataclass(frozen=True)
+class Measure:
+    workload: str
+    metric: str
+    title: str
+    higher_is_better: bool
+    goal_on: tuple[str, ...]  # the GPUs the goal is set for
+    min_speedup: float | None = None  # the goal as final/'s speed-up over Mini-SGLang
+    max_ms: float | None = None  # the goal as a step time final/ must not exceed
+
+    def goal(self, device: str) -> str:
+        if device not in self.goal_on:
+            return "—"
+        if self.min_speedup is not None:
+            return f"≥ {self.min_speedup:.2f}×"
+        return f"≤ {format_metric(self.max_ms or 0)} ms"
+
+    def met(self, device: str, ours: float, speedup: float) -> str:
+        if device not in self.goal_on:
+            return ""
+        if self.min_speedup is not None:
+            return "met" if speedup >= self.min_speedup else "not yet"
+        return "met" if self.max_ms is not None and ours <= self.max_ms else "not yet"
+
+
+# Issue 12's goals: offline throughput at least 1.15x Mini-SGLang's on the H200 and the H100; the
+# batch-1 decode step (512-token prompt) at most 1.5 ms on the H200.
+MEASURES = (
+    Measure("offline", "output_tok_per_s", "offline (tok/s)", True, GOAL_DEVICES, min_speedup=1.15),
+    Measure("latency", "decode_step_ms", "batch-1 step (ms)", False, ("H200",), max_ms=1.5),
+)
+
+
+def as_served(result: Result) -> bool:
+    """The engine as it serves: full scale, graphs and overlap not switched off, one GPU."""
+    config = result.config
+    return (
+        float(config.get("scale", 1.0)) == 1.0
+        and config.get("cuda_graph_max_bs") != 0
+        and config.get("overlap") not in ("off", False)
+        and not config.get("disable_overlap")
+        and int(config.get("tp", 1)) == 1
+    )
+
+
+def usable(results: list[Result], measure: Measure, stage: str, device: str) -> list[Result]:
+    return [
+        r
+        for r in results
+        if r.stage == stage
+        and r.workload == measure.workload
+        and measure.metric in r.metrics
+        and device_of(r) == device
+        and r.run_id is not None
+        and as_served(r)
+    ]
+
+
+def pick(results: list[Result]) -> Result:
+    """Among several runs of one engine in one call: the ladder step's own run, then the newest."""
+    return max(results, key=lambda r: (r.group == "ladder", r.timestamp, r.name))
+
+
+def pair(results: list[Result], measure: Measure, device: str) -> tuple[Result, Result] | None:
+    """(final/'s result, Mini-SGLang's) from the newest device call that has both, or None."""
+    ours = usable(results, measure, FINAL, device)
+    theirs = usable(results, measure, PEER, device)
+    calls = {r.run_id for r in ours} & {r.run_id for r in theirs}
+    if not calls:
+        return None
+    newest = max(calls, key=lambda c: max(r.timestamp for r in theirs if r.run_id == c))
+    return (
+        pick([r for r in ours if r.run_id == newest]),
+        pick([r for r in theirs if r.run_id == newest]),
+    )
+
+
+def speedup(measure: Measure, ours: float, theirs: float) -> float:
+    """Above 1: final/ is ahead (more tokens per second, or a shorter step)."""
+    return ours / theirs if measure.higher_is_better else theirs / ours
+
+
+def devices(results: list[Result]) -> list[str]:
+    found = {device_of(r) for r in results if r.stage in (FINAL, PEER) and device_of(r) != "CPU"}
+    return sorted(found | set(GOAL_DEVICES), key=device_order)
+
+
+def render(results: list[Result]) -> str:
+    out = [HEADER, ""]
+    for device in devices(results):
+        out += [f"### {device}", ""]
+        out += [
+            "| Measure | final/ | Mini-SGLang | speed-up | Goal | Results (settings of final/) |",
+            "| --- | ---: | ---: | ---: | --- | --- |",
+        ]
+        for measure in MEASURES:
+            found = pair(results, measure, device)
+            goal = measure.goal(device)
+            if found is None:
+                out.append(f"| {measure.title} | {EMPTY} | {EMPTY} |  | {goal} |  |")
+                continue
+            ours, theirs = found
+            a, b = ours.metrics[measure.metric], theirs.metrics[measure.metric]
+            ratio = speedup(measure, a, b)
+            met = measure.met(device, a, ratio)
+            settings = ", ".join(f"{k}={format_value(ours.config[k])}" for k in SETTINGS if k in ours.config)
+            out.append(
+                f"| {measure.title} | {format_metric(a)} | {format_metric(b)} | {ratio:.2f}× | "
+                f"{goal}{': ' + met if met else ''} | `{ours.name}` ({settings}), `{theirs.name}` |"
+            )
+        out.append("")
+    out += [
+        "Each row pairs final/ with Mini-SGLang measured in the same device call (the same `run_id` "
+        "in both result files), on the Qwen3-0.6B-shaped checkpoint in bfloat16; the speed-up is "
+        "above 1 when final/ is ahead (more tokens per second, or a shorter step), and the goal says "
+        "whether it is met. Runs with CUDA graphs or overlap switched off are ablations and never "
+        f"pair. The offline row comes from {code('make bench-ladder')} (scripts/bench_peer.py runs "
+        f"Mini-SGLang); a row saying *{EMPTY}* has no such pair yet.",
+    ]
+    return "\n".join(out) + "\n"
