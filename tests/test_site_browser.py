@@ -105,6 +105,10 @@ class PageWatch:
 
     def _failed(self, request) -> None:
         if not any(request.url in p for p in self.problems):  # a blocked request is reported once
+            if "ERR_ABORTED" in (request.failure or "") and urlsplit(request.url).hostname in LOOPBACK:
+                # The browser cancelled a local load when the test moved on (a late favicon, say):
+                # not a broken resource. Missing files show up as HTTP 404 and in the link check.
+                return
             self.problems.append(f"request failed: {request.url} ({request.failure})")
 
     def attach(self, page) -> None:
