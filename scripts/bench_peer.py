@@ -1,7 +1,15 @@
-"""The offline workload on a peer engine (Mini-SGLang or Nano-vLLM), as a result file of our schema.
+"""Our offline or batch-1 workload on a peer engine (Mini-SGLang or Nano-vLLM), as a result file of
+our schema.
 
     python scripts/bench_peer.py --engine mini-sglang --model checkpoints/qwen3-0.6b-random \
         --out benchmarks/results/h200 --name ladder_minisgl_h200
+    python scripts/bench_peer.py --engine mini-sglang --workload latency --model ... --name peer_minisgl_latency_h200
+
+`--workload latency` is our batch-1 workload (one 512-token prompt, greedy, 128 new tokens). A
+peer's offline API reports no per-token times, so its decode step is a difference of two timed
+calls on the same prompt, one asking for 1 token and one for 128: (t_128 - t_1) / 127. Both run
+after a warm-up on that prompt, so a prefix cache serves the prompt equally in both and the
+prefill cancels (../shared/peers/latency_minisgl.py measures Mini-SGLang the same way).
 
 The performance ladder on the results page puts these rows beside ours. The requests are our
 `offline` workload at scale 1, which is Nano-vLLM's own bench.py draw for draw (256 requests, input
@@ -48,9 +56,7 @@ def peer_requests(model: Path, seed: int, scale: float) -> tuple[list[list[int]]
     return prompts, [item.params.max_tokens for item in workload.items], workload.items[0].params.temperature
 
 
-def run_minisgl(
-    model: Path, prompts: list[list[int]], outs: list[int], temperature: float, attn: str
-) -> float:
+def minisgl_engine(model: Path, attn: str):
     import torch
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
@@ -60,18 +66,15 @@ def run_minisgl(
         str(model), dtype=torch.bfloat16, max_seq_len_override=4096, max_extend_tokens=16384,
         cuda_graph_max_bs=256, page_size=1 if attn == "fi" else 256, attention_backend=attn,
     )  # fmt: skip
-    params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n) for n in outs]
-    llm.generate([[1, 2, 3]], SamplingParams(temperature=0.1, max_tokens=8))  # warm-up
-    synchronize()
-    start = time.perf_counter()
-    llm.generate(prompts, params)
-    synchronize()
-    return time.perf_counter() - start
+
+    def generate(prompts: list[list[int]], outs: list[int], temperature: float) -> None:
+        params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n) for n in outs]
+        llm.generate(prompts, params)
+
+    return generate
 
 
-def run_nanovllm(
-    model: Path, prompts: list[list[int]], outs: list[int], temperature: float, attn: str
-) -> float:
+def nanovllm_engine(model: Path, attn: str):
     try:
         from nanovllm import LLM, SamplingParams
     except ImportError as exc:  # its attention imports flash_attn 2 at module level
@@ -79,16 +82,40 @@ def run_nanovllm(
             f"Nano-vLLM cannot be imported ({exc}); it needs FlashAttention 2 and xxhash"
         ) from exc
     llm = LLM(str(model), enforce_eager=False, max_model_len=4096)  # its bench.py's settings
-    params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n) for n in outs]
-    llm.generate([[1, 2, 3]], SamplingParams(temperature=0.6, max_tokens=8), use_tqdm=False)  # warm-up
+
+    def generate(prompts: list[list[int]], outs: list[int], temperature: float) -> None:
+        # Nano-vLLM's sampler divides by the temperature: greedy is not offered, a tiny one is.
+        t = max(temperature, 1e-5)
+        params = [SamplingParams(temperature=t, ignore_eos=True, max_tokens=n) for n in outs]
+        llm.generate(prompts, params, use_tqdm=False)
+
+    return generate
+
+
+ENGINES = {"mini-sglang": minisgl_engine, "nano-vllm": nanovllm_engine}
+
+
+def timed(fn, *args) -> float:
     synchronize()
     start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
+    fn(*args)
     synchronize()
     return time.perf_counter() - start
 
 
-RUNNERS = {"mini-sglang": run_minisgl, "nano-vllm": run_nanovllm}
+def run_offline(generate, prompts: list[list[int]], outs: list[int], temperature: float) -> float:
+    generate([[1, 2, 3]], [8], temperature)  # warm-up
+    return timed(generate, prompts, outs, temperature)
+
+
+def run_latency(generate, prompt: list[int], new_tokens: int) -> dict[str, float]:
+    """The decode step as the difference of two timed calls (see the module docstring)."""
+    generate([prompt], [16], 0.0)  # warm-up: kernels, graphs, and the prompt into the prefix cache
+    one = timed(generate, [prompt], [1], 0.0)
+    many = timed(generate, [prompt], [new_tokens], 0.0)
+    step_s = (many - one) / (new_tokens - 1)
+    return {"decode_step_ms": 1000 * step_s, "decode_tok_per_s": 1 / step_s, "one_token_ms": 1000 * one,
+            "total_s": many, "prompt_tokens": len(prompt), "output_tokens": new_tokens}  # fmt: skip
 
 
 def synchronize() -> None:
@@ -102,11 +129,18 @@ def synchronize() -> None:
 
 def child(args: argparse.Namespace) -> None:
     from stages.common.hardware import describe, versions
+    from stages.common.workloads import latency
 
-    prompts, outs, temperature = peer_requests(args.model, args.seed, args.scale)
-    seconds = RUNNERS[args.engine](args.model, prompts, outs, temperature, args.attn)
-    metrics = {"output_tok_per_s": sum(outs) / seconds, "total_s": seconds, "requests": len(prompts),
-               "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(outs)}  # fmt: skip
+    generate = ENGINES[args.engine](args.model, args.attn)
+    if args.workload == "latency":
+        vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
+        item = latency(vocab, args.seed, args.scale).items[0]
+        metrics = run_latency(generate, item.prompt_ids, item.params.max_tokens)
+    else:
+        prompts, outs, temperature = peer_requests(args.model, args.seed, args.scale)
+        seconds = run_offline(generate, prompts, outs, temperature)
+        metrics = {"output_tok_per_s": sum(outs) / seconds, "total_s": seconds, "requests": len(prompts),
+                   "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(outs)}  # fmt: skip
     Path(args.child_out).write_text(
         json.dumps({"metrics": metrics, "hardware": describe(), "versions": versions()})
     )
@@ -128,7 +162,7 @@ def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str,
     result: dict[str, Any] = {
         "name": args.name,
         "stage": args.engine,
-        "workload": "offline",
+        "workload": args.workload,
         "metrics": {k: statistics.median(run["metrics"][k] for run in runs) for k in keys},
         "config": {
             "scale": args.scale,
@@ -138,6 +172,11 @@ def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str,
             "dtype": "bfloat16",
             "attn": args.attn,
             "repeats": len(runs),
+            **(
+                {"method": "difference of a 1-token and a 128-token call"}
+                if args.workload == "latency"
+                else {}
+            ),
         },  # fmt: skip
         "hardware": runs[0]["hardware"],
         "versions": runs[0]["versions"],
@@ -156,6 +195,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--engine", required=True, choices=sorted(PEERS))
+    parser.add_argument("--workload", default="offline", choices=["offline", "latency"])
     parser.add_argument("--model", type=Path, required=True, help="the HF folder both engines load")
     parser.add_argument("--attn", default="fi", help="Mini-SGLang's attention backend (Nano-vLLM has one)")
     parser.add_argument("--scale", type=float, default=1.0)
@@ -182,10 +222,13 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        f"[bench_peer] {args.name}: {result['metrics']['output_tok_per_s']:.0f} tok/s -> {path}",
-        file=sys.stderr,
+    m = result["metrics"]
+    figure = (
+        f"{m['decode_step_ms']:.2f} ms/step"
+        if args.workload == "latency"
+        else f"{m['output_tok_per_s']:.0f} tok/s"
     )
+    print(f"[bench_peer] {args.name}: {figure} -> {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
