@@ -29,7 +29,8 @@
 #   bench-stage06 stage 06's offline workload, overlap on and off
 #   bench-stage06-online  stage 06's online workload in-process at 16 requests/s, overlap on and off
 #   profile-stage06  8 consecutive steps at batch 64, overlap off and on, under the torch profiler
-#   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
+#   peers         Mini-SGLang (source in .peers/minisgl, see shared/peers) on our offline and batch-1
+#                 workloads, as results (scripts/bench_peer.py); run it in the call of bench-final
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
 #   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
 #   ladder        the results page's ladder: offline workload, every stage, final/, Mini-SGLang, Nano-vLLM
@@ -127,9 +128,10 @@ run_step() {
     profile-stage06)
       $py scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/$gpu
       ;;
-    peers)
-      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/bench_minisgl.py $ckpt fi
-      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/latency_minisgl.py $ckpt 8
+    peers)  # with bench-final in the same call: the Performance page pairs them by run id
+      for w in offline latency; do
+        PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_peer.py --engine mini-sglang --workload $w --model $ckpt --out $results --name peer_minisgl_${w}_$gpu
+      done
       ;;
     bench-ch04)
       ch04() { bench --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 "$@"; }
