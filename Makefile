@@ -190,6 +190,7 @@ bench-gpu:
 	$(BENCH_GPU) --engine stages.06_overlap --workload online --workload-arg rate=16 --engine-arg attn=fi --engine-arg page_size=16 --name stage06_online_overlap_$(GPU_TAG)
 	$(BENCH_GPU) --engine stages.06_overlap --workload online --workload-arg rate=16 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg disable_overlap=1 --name stage06_online_serial_$(GPU_TAG)
 	$(GPU_PY) scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model $(GPU_MODEL) --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/$(GPU_TAG)
+	for b in 1 64; do $(GPU_PY) scripts/profile_decode_step.py --stage final --steps 8 --model $(GPU_MODEL) --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $$b --out benchmarks/profiles/$(GPU_TAG) || exit 1; done
 	$(BENCH_GPU) --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name final_offline_fi_$(GPU_TAG)
 	$(BENCH_GPU) --engine final --workload latency --engine-arg attn=fi --name final_latency_fi_$(GPU_TAG)
 	$(BENCH_GPU) --engine final --workload latency --engine-arg attn=fi --engine-arg cuda_graph_max_bs=0 --engine-arg overlap=off --name final_latency_fi_eager_$(GPU_TAG)

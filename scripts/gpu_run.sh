@@ -29,6 +29,8 @@
 #   bench-stage06 stage 06's offline workload, overlap on and off
 #   bench-stage06-online  stage 06's online workload in-process at 16 requests/s, overlap on and off
 #   profile-stage06  8 consecutive steps at batch 64, overlap off and on, under the torch profiler
+#   profile-final 8 consecutive steps of final/ as it serves (CUDA graphs and overlap on) and with
+#                 both off, under the torch profiler (batch 1 and 64)
 #   peers         Mini-SGLang (source in .peers/minisgl, see shared/peers) on our offline and batch-1
 #                 workloads, as results (scripts/bench_peer.py); run it in the call of bench-final
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
@@ -127,6 +129,11 @@ run_step() {
       ;;
     profile-stage06)
       $py scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/$gpu
+      ;;
+    profile-final)
+      for b in 1 64; do
+        $py scripts/profile_decode_step.py --stage final --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu || return 1
+      done
       ;;
     peers)  # with bench-final in the same call: the Performance page pairs them by run id
       for w in offline latency; do

@@ -1,11 +1,14 @@
 """Profile decode steps under the torch profiler into a small JSON: stage 05's one decode step,
-eager and replayed from a CUDA graph; or stage 06's run of consecutive steps, overlap off and on.
+eager and replayed from a CUDA graph; stage 06's run of consecutive steps, overlap off and on; or
+final/'s run of consecutive steps as it serves (CUDA graphs and overlap on) and with both off.
 
     python scripts/profile_decode_step.py --model checkpoints/qwen3-0.6b-random --device cuda \\
         --dtype bfloat16 --attn fi --page-size 16 --batch 1 --out benchmarks/profiles/h200
     python scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model checkpoints/qwen3-0.6b-random \\
         --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/h200
-    python scripts/render_profile.py    # the JSON files -> docs/assets/profiles/*.png for chapters 05, 06
+    python scripts/profile_decode_step.py --stage final --steps 8 --model checkpoints/qwen3-0.6b-random \\
+        --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/h200
+    python scripts/render_profile.py    # the JSON files -> docs/assets/profiles/*.png: chapters 05, 06, Performance
 
 `batch` requests with random `prompt_len`-token prompts are prefilled, a few decode steps warm
 both paths up, then the torch profiler records one whole engine step (`LLM.step()`: schedule,
@@ -20,9 +23,14 @@ runs by default), once with overlap off and once with it on, on the same engine:
 the GPU idle between steps while the host processes and schedules, and the gaps closing with
 overlap. `gpu_idle_ms` is the time in the window, up to the GPU's last kernel, with no GPU work.
 
+`--stage final` profiles final/ itself the same way, `--steps` consecutive `LLM.step()` calls
+(default 8): first with its CUDA graphs and overlap both switched off (eager decode, the serial
+loop), then as it serves, both on. Its fused kernels have no switch: they are on in both runs.
+
 On a machine without CUDA the script still runs (with `--device cpu`, the graphs replaced by the
-stage's CPU stand-in): the trace has no GPU then, and the host lane shows the operators. That is
-only a check that the pipeline works, never a figure for the book.
+stage's CPU stand-in, `EagerGraph`; final/'s overlapped loop runs as it does on a CPU, each step's
+work done at its launch): the trace has no GPU then, and the host lane shows the operators. That
+is only a check that the pipeline works, never a figure for the book.
 """
 
 from __future__ import annotations
@@ -42,9 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # first: scripts/stages.py must not shadow the stages package
 
 STEP_LABEL = "decode step"
-STAGES = ("05_cuda_graph", "06_overlap")
+STAGES = ("05_cuda_graph", "06_overlap", "final")
 # The two runs each stage compares: (key in the JSON's "modes", what changes).
-STAGE_MODES = {"05_cuda_graph": ("eager", "graph"), "06_overlap": ("serial", "overlap")}
+STAGE_MODES = {
+    "05_cuda_graph": ("eager", "graph"),
+    "06_overlap": ("serial", "overlap"),
+    "final": ("eager_serial", "served"),
+}
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -134,7 +146,7 @@ def profile_step(llm, device, steps: int = 1) -> dict[str, Any]:
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    if getattr(llm, "in_flight", None) is None:  # an overlapped loop keeps its step in flight
+    if not step_in_flight(llm):  # an overlapped loop keeps its step in flight
         sync()
     with profile(activities=activities) as prof:
         with record_function(STEP_LABEL):
@@ -147,6 +159,15 @@ def profile_step(llm, device, steps: int = 1) -> dict[str, Any]:
         return summarise_trace(json.loads(path.read_text()))
 
 
+def step_in_flight(llm) -> bool:
+    """Whether an overlapped loop has launched a step it has not collected yet (final/ keeps them
+    in a queue, stage 06 in one attribute; stage 05 has none)."""
+    core = getattr(llm, "core", None)
+    if core is not None:
+        return bool(core.in_flight)
+    return getattr(llm, "in_flight", None) is not None
+
+
 def set_overlap(llm, on: bool) -> None:
     """Switch a stage 06 engine's overlap on or off between steps (a step in flight is processed
     first: the serial loop has none)."""
@@ -154,6 +175,53 @@ def set_overlap(llm, on: bool) -> None:
         previous, llm.in_flight = llm.in_flight, None
         llm.process(previous)
     llm.overlap = on
+
+
+def set_final_mode(llm, served: bool, graphs) -> None:
+    """Switch final/ between steps to how it serves (its decode graphs and overlap on) or to both
+    off. The serial loop keeps no step in flight: the one the overlapped loop left is collected
+    first, and its tokens go to the requests as `LLM.step` would hand them over."""
+    core = llm.core
+    if not served:
+        while core.in_flight:
+            for delta in core.collect(core.in_flight.popleft()):
+                llm.requests[delta.rid].apply(delta)
+    core.overlap = served
+    core.runner.graphs = graphs if served else None
+
+
+def load_engine(args: argparse.Namespace):
+    """The engine to profile and its graph runner (`LLM`, `GraphRunner`, whether it is the CPU
+    stand-in), sized for `args.batch` decoding requests."""
+    sizes = dict(max_running_requests=max(args.batch, 1), cuda_graph_max_bs=args.batch)
+    common = dict(device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size)
+    if args.stage == "final":
+        import final
+        from final.engine import graph
+
+        llm = final.LLM(args.model, overlap="on", **common, **sizes)  # overlap "on": on the CPU too
+        runner = llm.core.runner
+    else:
+        stage = importlib.import_module(f"stages.{args.stage}")
+        graph = importlib.import_module(f"stages.{args.stage}.graph")
+        llm = stage.LLM(args.model, **common, **sizes)
+        runner = llm.runner
+    stand_in = runner.graphs is None
+    if stand_in and args.stage == "final" and llm.device.type == "cuda":
+        raise SystemExit("final/ captured no CUDA graphs (its log says why): there is nothing to compare")
+    if stand_in:  # no CUDA: replay through the CPU stand-in, so both paths still run
+        runner.graphs = graph.GraphRunner(runner, args.batch, graph.EagerGraph)
+    return llm, runner.graphs, stand_in
+
+
+def set_mode(llm, stage: str, mode: str, graphs) -> None:
+    """Put the engine into one of its stage's two modes (STAGE_MODES), between steps."""
+    if stage == "05_cuda_graph":
+        llm.runner.graphs = graphs if mode == "graph" else None
+    elif stage == "06_overlap":
+        set_overlap(llm, mode == "overlap")
+    else:
+        set_final_mode(llm, mode == "served", graphs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,40 +241,35 @@ def main(argv: list[str] | None = None) -> int:
         "--name", default=None, help="file name (default: stage<NN>_decode_step_b<batch>_<device>)"
     )
     parser.add_argument("--stage", choices=STAGES, default="05_cuda_graph", help="which stage's comparison")
-    parser.add_argument("--steps", type=int, default=None, help="steps per window (default: 1; stage 06: 8)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps per window (default: 1; stage 06 and final: 8)"
+    )
     args = parser.parse_args(argv)
-    steps = args.steps or (8 if args.stage == "06_overlap" else 1)
+    steps = args.steps or (1 if args.stage == "05_cuda_graph" else 8)
 
     from stages.common.hardware import describe, versions
-    from stages.common.sampling import SamplingParams
 
-    stage = importlib.import_module(f"stages.{args.stage}")
-    graph = importlib.import_module(f"stages.{args.stage}.graph")
-    llm = stage.LLM(args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
-                    max_running_requests=max(args.batch, 1), cuda_graph_max_bs=args.batch)  # fmt: skip
-    stand_in = llm.runner.graphs is None
-    if stand_in:  # no CUDA: replay through the CPU stand-in, so both paths still run
-        llm.runner.graphs = graph.GraphRunner(llm.runner, args.batch, graph.EagerGraph)
-    graphs = llm.runner.graphs
+    if args.stage == "final":
+        from final import SamplingParams
+    else:
+        from stages.common.sampling import SamplingParams
+
+    llm, graphs, stand_in = load_engine(args)
+    scheduler = llm.core.scheduler if args.stage == "final" else llm.scheduler
     rng = random.Random(0)
     vocab = min(llm.config.vocab_size, 10_000)
     total_steps = 2 * (args.warmup_steps + steps) + 8
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=total_steps + 4)
     for _ in range(args.batch):
         llm.add_request([rng.randrange(vocab) for _ in range(args.prompt_len)], params)
-    while any(not r.output_ids for r in [*llm.scheduler.running, *llm.scheduler.waiting]):
+    while any(not r.output_ids for r in [*scheduler.running, *scheduler.waiting]):
         llm.step()  # prefill (chunked if the prompts exceed the budget)
     modes = {}
-    first, second = STAGE_MODES[args.stage]
-    for mode in (first, second):
-        if args.stage == "05_cuda_graph":
-            llm.runner.graphs = graphs if mode == "graph" else None
-        else:
-            set_overlap(llm, mode == "overlap")
+    for mode in STAGE_MODES[args.stage]:
+        set_mode(llm, args.stage, mode, graphs)
         for _ in range(args.warmup_steps):
             llm.step()
         modes[mode] = profile_step(llm, llm.device, steps)
-    llm.runner.graphs = graphs
 
     hardware = describe()
     device_name = hardware.get("gpu") or hardware.get("cpu")
@@ -228,12 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join(["python", "scripts/profile_decode_step.py", *(argv or sys.argv[1:])]),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    name = args.name or f"stage{args.stage[:2]}_decode_step_b{args.batch}_{llm.device.type}"
+    prefix = "final" if args.stage == "final" else f"stage{args.stage[:2]}"
+    name = args.name or f"{prefix}_decode_step_b{args.batch}_{llm.device.type}"
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{name}.json"
     path.write_text(json.dumps(result, separators=(",", ":")) + "\n")
     for mode, m in modes.items():
-        print(f"{mode:7} {steps} step(s) {m['step_ms']:.2f} ms, GPU busy {m['gpu_busy_ms']:.2f} ms, "
+        print(f"{mode:12} {steps} step(s) {m['step_ms']:.2f} ms, GPU busy {m['gpu_busy_ms']:.2f} ms, "
               f"idle {m['gpu_idle_ms']:.2f} ms, {m['gpu_kernels']} kernels, {m['launches']} launches")  # fmt: skip
     print(f"-> {path}")
     return 0

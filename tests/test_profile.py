@@ -127,3 +127,84 @@ def test_the_script_profiles_stage06_steps_with_overlap_off_and_on(tmp_path, tin
     assert "(../assets/profiles/cpu_p.png)" in text and "overlap on: 3 steps in" in text
     assert "No decode-step profile yet" in (root / render_profile.FRAGMENT).read_text()
     assert render_profile.stale_files(root) == []
+
+
+def test_the_script_profiles_final_as_served_and_with_graphs_and_overlap_off(
+    tmp_path, tiny_qwen3_dir, monkeypatch
+):
+    """final/ end to end on the CPU. The engine is watched from outside the script: every launch
+    and collect of a step, every replay of a decode graph (the EagerGraph stand-in), and the two
+    profiled windows, in one log."""
+    from final.engine.core import EngineCore
+    from final.engine.graph import EagerGraph
+
+    log: list[str] = []
+    uncollected_at_launch: list[tuple[int, int]] = []  # (window, steps launched and not collected)
+    window = {"now": 0, "opened": 0, "uncollected": 0}  # now: the window open (0: none)
+
+    def watch(name: str, real):
+        def wrapped(self, *args, **kwargs):
+            if name == "launch":
+                uncollected_at_launch.append((window["now"], window["uncollected"]))
+            window["uncollected"] += {"launch": 1, "collect": -1}.get(name, 0)
+            log.append(name)
+            return real(self, *args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(EngineCore, "launch", watch("launch", EngineCore.launch))
+    monkeypatch.setattr(EngineCore, "collect", watch("collect", EngineCore.collect))
+    monkeypatch.setattr(EagerGraph, "replay", watch("replay", EagerGraph.replay))
+    real_profile_step = profiler.profile_step
+
+    def profile_step(*args, **kwargs):
+        window["opened"] += 1
+        window["now"] = window["opened"]
+        log.append(f"open {window['now']}")
+        try:
+            return real_profile_step(*args, **kwargs)
+        finally:
+            log.append("close")
+            window["now"] = 0
+
+    monkeypatch.setattr(profiler, "profile_step", profile_step)
+    args = ["--stage", "final", "--steps", "3", "--model", str(tiny_qwen3_dir), "--device", "cpu",
+            "--dtype", "float32", "--attn", "torch", "--batch", "2", "--prompt-len", "8", "--warmup-steps", "1",
+            "--out", str(tmp_path), "--name", "p"]  # fmt: skip
+    assert profiler.main(args) == 0
+
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["stage"] == "final" and data["steps"] == 3 and data["stand_in"] and data["batch"] == 2
+    assert list(data["modes"]) == ["eager_serial", "served"]  # the order they ran and are drawn in
+    for mode in data["modes"].values():
+        assert mode["step_ms"] > 0 and mode["gpu"] == [] and mode["launches"] == 0
+        assert mode["host"] and all(0 <= t <= 1000 * mode["step_ms"] for t, _, _ in mode["host"])
+
+    # What ran in each window: the eager, serial one first, then final/ as it serves.
+    first, second = log.index("open 1"), log.index("open 2")
+    eager, served = log[first : log.index("close", first)], log[second : log.index("close", second)]
+    assert eager.count("launch") == served.count("launch") == 3, "both modes run --steps steps"
+    assert eager.count("collect") == served.count("collect") == 3
+    assert eager.count("replay") == 0 and served.count("replay") == 3, "served: every decode step replays"
+    # Served: each step is launched while the previous one is still uncollected. Serial: never,
+    # so the step the overlapped loop left in flight was collected before the switch.
+    assert [n for w, n in uncollected_at_launch if w == 2] == [1, 1, 1]
+    assert [n for w, n in uncollected_at_launch if w == 1] == [0, 0, 0]
+
+    root = tmp_path / "repo"
+    (root / "benchmarks/profiles/cpu").mkdir(parents=True)
+    (tmp_path / "p.json").rename(root / "benchmarks/profiles/cpu/p.json")
+    render_profile.write_all(root)
+    text = (root / render_profile.FRAGMENTS["final"]).read_text()
+    assert "(../assets/profiles/cpu_p.png)" in text
+    served_ms = data["modes"]["served"]["step_ms"]
+    assert f"- as served, CUDA graphs and overlap on: 3 steps in {served_ms:.2f} ms" in text
+    assert "No overlap profile yet" in (root / render_profile.FRAGMENTS["06_overlap"]).read_text()
+    assert (root / "docs/assets/profiles/cpu_p.png").stat().st_size > 10_000
+    assert render_profile.stale_files(root) == []
+
+
+def test_without_a_final_profile_its_fragment_names_the_gpu_step(tmp_path):
+    render_profile.write_all(tmp_path)
+    text = (tmp_path / render_profile.FRAGMENTS["final"]).read_text()
+    assert "No final/ profile yet" in text and "gpu_run.sh ckpt profile-final" in text
