@@ -17,7 +17,7 @@ import torch
 import final
 from final.core.sampling_params import SamplingParams
 from scripts.render_results import parse_result
-from tests.fixtures.driving import full_logprobs
+from tests.fixtures.gpu_compare import assert_agree_until_near_tie
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.test_final_server import USER, Server
 
@@ -63,15 +63,10 @@ def test_flashinfer_matches_torch(gpu_model_dir, attn, page_size):
         del llm
         gc.collect()  # the engine's objects refer to each other: free the GPU memory now
         torch.cuda.empty_cache()
-    for ref, got in zip(outs["torch"], outs[attn], strict=True):
-        assert got.token_ids[:4] == ref.token_ids[:4]
-        for step in range(2):  # the prefill step and the first decode step
-            torch.testing.assert_close(
-                full_logprobs(got.logprobs[step], vocab),
-                full_logprobs(ref.logprobs[step], vocab),
-                atol=0.1,
-                rtol=0,
-            )
+    # Tokens may part only at a near-tie of the reference (on an H200, bf16 torch eager and fi both
+    # took 322 where the graphed torch decode and float32 took 381, logprobs within 0.054).
+    compared = assert_agree_until_near_tie(outs[attn], outs["torch"], vocab, atol=0.1)
+    assert compared >= 2 * len(prompts)
 
 
 def test_flashinfer_on_qwen3_06b_shape(qwen3_06b_dir):

@@ -41,9 +41,10 @@ def engine(model_dir, attn: str, overlap: bool, **kwargs):
                           **kwargs})  # fmt: skip
 
 
-def release(llm) -> None:
-    del llm
-    gc.collect()  # the graphs' step functions refer to the runner
+def release() -> None:
+    """Free the GPU memory of an engine the caller has just `del`-ed: a name bound in the caller
+    keeps it alive (passing it here would not), and its objects refer to each other (gc)."""
+    gc.collect()
     torch.cuda.empty_cache()
 
 
@@ -118,7 +119,8 @@ def test_overlap_on_equals_off(gpu_model_dir, attn):
         assert llm.scheduler.num_preemptions > 0, "the pool is meant to run dry"
         assert max(o.cached_tokens for o in outs[overlap] if o) >= 48, "the shared head should hit the cache"
         assert_pool_at_baseline(llm)
-        release(llm)
+        del llm
+        release()
     kept = [i for i, o in enumerate(outs[False]) if o is not None]
     assert [i for i, o in enumerate(outs[True]) if o is not None] == kept
     compared = assert_agree_until_near_tie([outs[True][i] for i in kept], [outs[False][i] for i in kept], vocab,
@@ -164,5 +166,6 @@ def test_an_overlapped_step_does_not_wait_for_the_gpu(gpu_model_dir, kind):
         while llm.has_unfinished():
             llm.step()
         assert_pool_at_baseline(llm)
-        release(llm)
+        del llm
+        release()
     assert still_running == {False: False, True: True}
