@@ -300,6 +300,56 @@ def test_degrees_and_flags_that_cannot_work_are_refused_before_any_rank_starts(t
 
 
 # ---------------------------------------------------------------------------------------------
+# The watchdog
+
+
+class FakeProcess:
+    def __init__(self, pid: int):
+        self.pid, self.code = pid, None
+
+    def poll(self):
+        return self.code
+
+
+def test_the_watchdog_names_the_rank_that_went_first(monkeypatch):
+    """One loss brings others (a peer's collective breaks): the rank reported is the one that died
+    without a word or fell silent, else the one whose failure came first."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
+    spec = ranks_module.RankSpec("m", None, "cpu", "float32", {}, 4, 2, dist_timeout=10, log_level=0)
+    group = ranks_module.RankGroup(spec, torch.device("cpu"))
+    group.local = {1: FakeProcess(101)}  # ranks 2 and 3 are another node's
+    clock = [100.0]
+    monkeypatch.setattr(ranks_module.time, "monotonic", lambda: clock[0])
+    beats: dict = {}
+    assert group._check(store, beats) is None  # no heartbeat yet (a node still starting): not timed
+    clock[0] += 60
+    assert group._check(store, beats) is None
+    for rank in (1, 2, 3):
+        store.add(ranks_module.heartbeat_key(rank), 1)
+    assert group._check(store, beats) is None
+    clock[0] += 4
+    store.add(ranks_module.heartbeat_key(1), 1)
+    store.add(ranks_module.heartbeat_key(2), 1)
+    assert group._check(store, beats) is None
+    clock[0] += 2  # rank 3 has been silent for 6 s, more than half of dist_timeout
+    silent = "tensor-parallel rank 3 has not been heard from for more than 5 s (it hung, or its node is gone)"
+    assert group._check(store, beats) == silent
+    ranks_module.report_failure(store, 2, RuntimeError("connection reset by peer"))  # its peer is gone
+    assert group._check(store, beats) == silent  # silent came first
+    store.add(ranks_module.heartbeat_key(3), 1)
+    assert (
+        group._check(store, beats) == "tensor-parallel rank 2 failed: RuntimeError: connection reset by peer"
+    )
+    group.local[1].code = -9  # killed without a word: the news, whatever failed after it
+    assert group._check(store, beats) == "tensor-parallel rank 1 (pid 101) was killed by SIGKILL"
+    group.local[1].code = 1
+    ranks_module.report_failure(store, 1, MemoryError("out of memory"))  # the second to fail
+    assert (
+        group._check(store, beats) == "tensor-parallel rank 2 failed: RuntimeError: connection reset by peer"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # TP=N gives TP=1's tokens
 
 
