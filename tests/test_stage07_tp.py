@@ -93,6 +93,12 @@ def workers_below(root: int) -> list[int]:
     return sorted(found)
 
 
+def rank_of(pid: int) -> int:
+    """A worker's rank, from its command line (`--rank R`)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    return int(argv[argv.index("--rank") + 1])
+
+
 def alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -471,7 +477,7 @@ def test_tp4_with_replicated_kv_heads_and_a_padded_vocabulary_then_a_hung_rank(o
     llm = engine(odd_llama_dir, tp=4, dist_timeout=10)  # a rank silent for 5 s is lost
     workers = [p.pid for p in llm.ranks.local.values()]
     try:
-        assert len(workers) == 3 and workers == workers_below(os.getpid())
+        assert [rank_of(p) for p in workers] == [1, 2, 3] and sorted(workers) == workers_below(os.getpid())
         assert_same_outputs(serve_two_waves(llm, odd_llama_dir), want, ODD_VOCAB)
         llm.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
         llm.step()
