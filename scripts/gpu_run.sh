@@ -29,6 +29,9 @@
 #   bench-stage06 stage 06's offline workload, overlap on and off
 #   bench-stage06-online  stage 06's online workload in-process at 16 requests/s, overlap on and off
 #   profile-stage06  8 consecutive steps at batch 64, overlap off and on, under the torch profiler
+#   test-stage07  stage 07's GPU tests (TP=2, and TP=4 on 4 GPUs, against TP=1; a killed rank)
+#   bench-stage07 stage 07's batch-1 decode and offline workload at TP 1, 2 (and 4 on 4 GPUs), for the
+#                 0.6B and 8B shapes (needs ckpt and ckpt-8b)
 #   peers         Mini-SGLang's offline and batch-1 scripts from .peers/ (see shared/peers)
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
 #   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
@@ -126,6 +129,18 @@ run_step() {
       ;;
     profile-stage06)
       $py scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/$gpu
+      ;;
+    test-stage07) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage07_gpu.py ;;
+    bench-stage07)
+      ngpu=$(nvidia-smi -L | wc -l)
+      degrees="1 2"; [ "$ngpu" -ge 4 ] && degrees="1 2 4"
+      for model in $ckpt $ckpt8; do
+        shape=$(basename $model -random | tr -d '.-')  # qwen306b, qwen38b
+        for tp in $degrees; do
+          bench_on $model --engine stages.07_tensor_parallel --workload latency --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name stage07_tp${tp}_latency_${shape}_$gpu
+          bench_on $model --engine stages.07_tensor_parallel --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name stage07_tp${tp}_offline_${shape}_$gpu
+        done
+      done
       ;;
     peers)
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py .peers/bench_minisgl.py $ckpt fi
