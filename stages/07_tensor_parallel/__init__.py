@@ -18,7 +18,7 @@ head), model.py (the sharded layers; each rank reads its slices), runner.py (the
 the pool size agreed by all ranks), page_table.py (rank 0 logs its writes), engine.py (rank 0
 sends the step and shares the sampled tokens), ranks.py (new: starting, watching and stopping the
 ranks), worker.py (new: the other ranks' loop), __main__.py (`--tp`, `--nnodes`, `--node-rank`,
-`--dist-init-addr`). Turn the feature off: `--tp 1` (the default), or `LLM(tp=1)`.
+`--dist-init-addr`, `--dist-timeout`). Turn the feature off: `--tp 1` (the default), or `LLM(tp=1)`.
 """
 
 from typing import TYPE_CHECKING

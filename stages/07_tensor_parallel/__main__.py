@@ -84,6 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dist-init-addr", default=None, metavar="HOST:PORT",
         help="where the ranks meet (node 0 serves it; default: a free loopback port); needed with --nnodes > 1",
     )  # fmt: skip
+    p.add_argument(
+        "--dist-timeout", type=float, default=600.0, metavar="SECONDS",
+        help="how long a collective may wait for the other ranks; a rank silent for half of it (30 s at most) is lost",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         max_running_requests=args.max_running_requests, max_context=args.max_seq_len_override, cache=args.cache,
         max_prefill_length=args.max_prefill_length, chunk_policy=args.chunk_policy,
         cuda_graph_max_bs=args.cuda_graph_max_bs, disable_overlap=args.disable_overlap or None, tp=args.tp,
-        nnodes=args.nnodes, dist_init_addr=args.dist_init_addr,
+        nnodes=args.nnodes, dist_init_addr=args.dist_init_addr, dist_timeout=args.dist_timeout,
     )  # fmt: skip
     with llm:
         ids = cli.encode_prompts(llm.tokenizer, prompts, args)

@@ -145,14 +145,13 @@ def check_degree(config: ModelConfig, size: int) -> None:
     if size < 1:
         raise UserError(f"--tp must be >= 1, got {size}")
     kv = config.num_kv_heads
-    problems = [
-        f"its {config.num_heads} attention heads" if config.num_heads % size else "",
-        f"its MLP's {config.intermediate_size} features" if config.intermediate_size % size else "",
-        f"its {kv} KV heads (split, or replicated when --tp is a multiple of them)"
-        if (kv % size if kv >= size else size % kv)
-        else "",
-    ]
-    problems = [p for p in problems if p]
+    problems = []
+    if config.num_heads % size:
+        problems.append(f"its {config.num_heads} attention heads")
+    if config.intermediate_size % size:
+        problems.append(f"its MLP's {config.intermediate_size} features")
+    if (kv % size if kv >= size else size % kv) != 0:  # split evenly, or replicate evenly
+        problems.append(f"its {kv} KV heads (split, or replicated when --tp is a multiple of them)")
     if problems:
         raise UserError(
             f"--tp {size} cannot shard {config.architecture}: {' and '.join(problems)} do not divide "
