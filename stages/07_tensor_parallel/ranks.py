@@ -121,6 +121,12 @@ def open_store(host: str, port: int, is_server: bool, timeout_s: float) -> dist.
         ) from err
 
 
+def silence_limit(dist_timeout: float) -> float:
+    """How long a rank may stay silent: at most half the collectives' timeout, so that a hung rank
+    is found before its peers' collectives time out (they would fail too, and hide which one hung)."""
+    return min(MAX_SILENCE_S, dist_timeout / 2)
+
+
 def describe_exit(rank: int, pid: int, code: int) -> str:
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     return f"tensor-parallel rank {rank} (pid {pid}) {how}"
@@ -157,9 +163,7 @@ class RankGroup:
         self.spec, self.device = spec, device
         self.tp = TPInfo()
         self.local: dict[int, subprocess.Popen] = {}  # the other ranks of this node
-        # At most half the collectives' timeout: a hung rank is found before its peers' collectives
-        # time out (they would fail too, and hide which rank hung).
-        self.silence_s = min(MAX_SILENCE_S, spec.dist_timeout / 2)
+        self.silence_s = silence_limit(spec.dist_timeout)
         self.failure: str | None = None
         self.lost = threading.Event()  # set with `failure`
         self.idle = threading.Event()  # rank 0 is not inside a step (see `guard`)

@@ -42,6 +42,7 @@ from .ranks import (
     open_store,
     parse_address,
     report_failure,
+    silence_limit,
 )
 from .runner import ModelRunner
 
@@ -126,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     store = open_store(host, port, is_server=False, timeout_s=START_TIMEOUT_S)
     spec: RankSpec = pickle.loads(store.get(SPEC_KEY))
     logging.basicConfig(level=spec.log_level, format=f"%(levelname)s [rank {args.rank}] %(message)s")
-    heartbeat = Heartbeat(open_store(host, port, is_server=False, timeout_s=START_TIMEOUT_S), args.rank)
+    # Its own connection, whose calls give up as soon as rank 0 would count this rank lost.
+    beat_store = open_store(host, port, is_server=False, timeout_s=silence_limit(spec.dist_timeout))
+    heartbeat = Heartbeat(beat_store, args.rank)
     heartbeat.start()
     store.add(JOINED_KEY, 1)
     try:
