@@ -191,6 +191,7 @@ bench-gpu:
 	$(BENCH_GPU) --engine stages.06_overlap --workload online --workload-arg rate=16 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg disable_overlap=1 --name stage06_online_serial_$(GPU_TAG)
 	$(GPU_PY) scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model $(GPU_MODEL) --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/$(GPU_TAG)
 	for b in 1 64; do $(GPU_PY) scripts/profile_decode_step.py --stage final --steps 8 --model $(GPU_MODEL) --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $$b --out benchmarks/profiles/$(GPU_TAG) || exit 1; done
+	if [ "$$(nvidia-smi -L | wc -l)" -ge 2 ]; then $(MAKE) --no-print-directory bench-stage07 GPU_PY=$(GPU_PY) GPU_TAG=$(GPU_TAG); fi
 	$(BENCH_GPU) --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name final_offline_fi_$(GPU_TAG)
 	$(BENCH_GPU) --engine final --workload latency --engine-arg attn=fi --name final_latency_fi_$(GPU_TAG)
 	$(BENCH_GPU) --engine final --workload latency --engine-arg attn=fi --engine-arg cuda_graph_max_bs=0 --engine-arg overlap=off --name final_latency_fi_eager_$(GPU_TAG)
@@ -199,6 +200,22 @@ bench-gpu:
 	$(MAKE) --no-print-directory bench-ladder GPU_PY=$(GPU_PY) GPU_TAG=$(GPU_TAG)
 	$(GPU_PY) scripts/render_results.py
 	$(GPU_PY) scripts/render_profile.py
+
+# Stage 07 (2+ GPUs): batch-1 decode and the offline workload at TP 1, 2 (and 4 where 4 GPUs exist),
+# for the Qwen3-0.6B shape and the Qwen3-8B shape (a 16 GB random checkpoint, written once).
+GPU_MODEL_8B := checkpoints/qwen3-8b-random
+BENCH_TP := $(GPU_PY) -m stages.common.bench --device cuda --dtype bfloat16 --out benchmarks/results/$(GPU_TAG)
+.PHONY: bench-stage07
+bench-stage07:
+	test -f $(GPU_MODEL_8B)/config.json || $(GPU_PY) scripts/make_random_checkpoint.py --shape qwen3-8b --out $(GPU_MODEL_8B)
+	degrees="1 2"; [ "$$(nvidia-smi -L | wc -l)" -ge 4 ] && degrees="1 2 4"; \
+	for model in $(GPU_MODEL) $(GPU_MODEL_8B); do \
+	  shape=$$(basename $$model -random | tr -d '.-'); \
+	  for tp in $$degrees; do \
+	    $(BENCH_TP) --model $$model --engine stages.07_tensor_parallel --workload latency --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$$tp --name stage07_tp$${tp}_latency_$${shape}_$(GPU_TAG) && \
+	    $(BENCH_TP) --model $$model --engine stages.07_tensor_parallel --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$$tp --name stage07_tp$${tp}_offline_$${shape}_$(GPU_TAG) || exit 1; \
+	  done; \
+	done
 
 # The performance ladder of the results page: the offline workload on one GPU, every stage (found
 # by folder, so new stages join by themselves) and final/, then the peers in the same call (their

@@ -31,6 +31,9 @@
 #   profile-stage06  8 consecutive steps at batch 64, overlap off and on, under the torch profiler
 #   profile-final 8 consecutive steps of final/ as it serves (CUDA graphs and overlap on) and with
 #                 both off, under the torch profiler (batch 1 and 64)
+#   test-stage07  stage 07's GPU tests (TP=2, and TP=4 on 4 GPUs, against TP=1; a killed rank)
+#   bench-stage07 stage 07's batch-1 decode and offline workload at TP 1, 2 (and 4 on 4 GPUs), for the
+#                 0.6B and 8B shapes (needs ckpt and ckpt-8b)
 #   peers         Mini-SGLang (source in .peers/minisgl, see shared/peers) on our offline and batch-1
 #                 workloads, as results (scripts/bench_peer.py); run it in the call of bench-final
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
@@ -133,6 +136,18 @@ run_step() {
     profile-final)
       for b in 1 64; do
         $py scripts/profile_decode_step.py --stage final --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu || return 1
+      done
+      ;;
+    test-stage07) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage07_gpu.py ;;
+    bench-stage07)
+      ngpu=$(nvidia-smi -L | wc -l)
+      degrees="1 2"; [ "$ngpu" -ge 4 ] && degrees="1 2 4"
+      for model in $ckpt $ckpt8; do
+        shape=$(basename $model -random | tr -d '.-')  # qwen306b, qwen38b
+        for tp in $degrees; do
+          bench_on $model --engine stages.07_tensor_parallel --workload latency --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name stage07_tp${tp}_latency_${shape}_$gpu
+          bench_on $model --engine stages.07_tensor_parallel --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name stage07_tp${tp}_offline_${shape}_$gpu
+        done
       done
       ;;
     peers)  # with bench-final in the same call: the Performance page pairs them by run id
