@@ -16,7 +16,10 @@ forward, sample) with the graphs switched off and one with them on. From each tr
 keeps, relative to the step's start: the host's CUDA calls (kernel launches, graph launches,
 copies, synchronisations) and the GPU's kernels and copies. That is what the chapter's figure
 draws: on the host, a thousand launches one after another; on the GPU, short kernels with gaps
-between them, waiting for the next launch.
+between them, waiting for the next launch. Each mode also keeps `kernels`, where the GPU's time
+went, per step: the kernels grouped by a short name and sorted into categories (gemm, attention,
+norm, ...; scripts/kernel_breakdown.py), the top 25 by time and the rest as one row. No list of
+every kernel's name: the JSON stays small.
 
 For stage 06 the window holds `--steps` consecutive `LLM.step()` calls (graphs on, as the stage
 runs by default), once with overlap off and once with it on, on the same engine: the figure shows
@@ -48,6 +51,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # first: scripts/stages.py must not shadow the stages package
+
+from scripts import kernel_breakdown  # noqa: E402
 
 STEP_LABEL = "decode step"
 STAGES = ("05_cuda_graph", "06_overlap", "final")
@@ -87,9 +92,10 @@ def top_level(events: list[dict]) -> list[dict]:
     return kept
 
 
-def summarise_trace(trace: dict) -> dict[str, Any]:
+def summarise_trace(trace: dict, steps: int = 1) -> dict[str, Any]:
     """The step's window (the `decode step` annotation on the host), the host's CUDA calls in it,
-    and the GPU's work from its start on; times in microseconds from the step's start."""
+    and the GPU's work from its start on; times in microseconds from the step's start. With GPU
+    work, `kernels` says per step (of the window's `steps`) which kernels took the time."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "ts" in e]
     marks = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") == STEP_LABEL]
     if len(marks) != 1:
@@ -107,13 +113,14 @@ def summarise_trace(trace: dict) -> dict[str, Any]:
     else:  # a CPU trace: no CUDA calls, the host lane shows the operators themselves
         ops = top_level([e for e in events if e.get("cat") == "cpu_op" and inside(e)])
         host_lane = [[float(e["ts"]) - start, float(e["dur"]), "operator"] for e in ops]
+    gpu = sorted(gpu, key=lambda e: e["ts"])
     gpu_lane = []
-    for e in sorted(gpu, key=lambda e: e["ts"]):
+    for e in gpu:
         t = float(e["ts"]) - start
         gpu_lane.append([max(t, 0.0), float(e["dur"]) + min(t, 0.0)])
     busy = union_length([(t, t + d) for t, d in gpu_lane])
     gpu_end = max((t + d for t, d in gpu_lane), default=0.0)
-    return {
+    summary = {
         "step_ms": (end - start) / 1000,
         "gpu_busy_ms": busy / 1000,
         "gpu_idle_ms": (gpu_end - busy) / 1000 if gpu_lane else 0.0,
@@ -122,6 +129,10 @@ def summarise_trace(trace: dict) -> dict[str, Any]:
         "host": [[round(t, 1), round(d, 1), kind] for t, d, kind in host_lane],
         "gpu": [[round(t, 1), round(d, 1)] for t, d in gpu_lane],
     }
+    if gpu_lane:  # the same work as the GPU lane, by kernel: names and (clipped) durations
+        work = [(e["name"], d) for e, (_, d) in zip(gpu, gpu_lane, strict=True)]
+        summary["kernels"] = kernel_breakdown.breakdown(work, steps, busy)
+    return summary
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
@@ -156,7 +167,7 @@ def profile_step(llm, device, steps: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        return summarise_trace(json.loads(path.read_text()))
+        return summarise_trace(json.loads(path.read_text()), steps)
 
 
 def step_in_flight(llm) -> bool:
@@ -299,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode, m in modes.items():
         print(f"{mode:12} {steps} step(s) {m['step_ms']:.2f} ms, GPU busy {m['gpu_busy_ms']:.2f} ms, "
               f"idle {m['gpu_idle_ms']:.2f} ms, {m['gpu_kernels']} kernels, {m['launches']} launches")  # fmt: skip
+        if "kernels" in m:  # GPU microseconds per step by category, the largest first
+            print("    " + ", ".join(f"{c['category']} {c['us']:.0f} us" for c in m["kernels"]["categories"]))
     print(f"-> {path}")
     return 0
 

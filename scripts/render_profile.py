@@ -10,7 +10,9 @@ calls above and the GPU's kernels below. Stage 05: one decode step eager (top) a
 CUDA graph (bottom), with a zoom into the middle of the step. Stage 06: a run of consecutive steps
 with overlap off (top) and on (bottom), where the gaps in the GPU lane are the host's share.
 final/: a run of consecutive steps with its CUDA graphs and overlap off (top) and as it serves,
-both on (bottom).
+both on (bottom). Under a profile that recorded its kernels (scripts/kernel_breakdown.py), the
+fragment adds where the GPU time of a step goes: a table of the kinds of kernel in both runs, and
+the top kernels of the second run in a fold; older profiles render as they did.
 """
 
 from __future__ import annotations
@@ -186,8 +188,62 @@ def render_fragment(profiles: dict[str, dict[str, Any]], stage: str = "05_cuda_g
         out += [f"![{what}: {title(profile)}](../assets/profiles/{figure_name(name)})", ""]
         for key, label in STAGE_MODES[stage]:
             out.append(f"- {label}: {summary(profile['modes'][key], profile.get('steps', 1))}.")
-        out += ["", f"Measured {profile['timestamp']} with `{profile['command']}`.", ""]
+        out += [
+            "",
+            *kernel_tables(profile),
+            f"Measured {profile['timestamp']} with `{profile['command']}`.",
+            "",
+        ]
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def kernel_tables(profile: dict[str, Any]) -> list[str]:
+    """Where the GPU time of a step goes, for a profile that recorded its kernels (older ones did
+    not, and CPU runs have none): the categories in each mode side by side, then the top kernels of
+    the last mode (the one a request meets) in a fold. Empty for a profile without them."""
+    modes = [(label, profile["modes"][key]["kernels"])
+             for key, label in STAGE_MODES[stage_of(profile)] if "kernels" in profile["modes"][key]]  # fmt: skip
+    if not modes:
+        return []
+    last_label, last = modes[-1]
+    order = [c["category"] for c in last["categories"]]
+    order += [c["category"] for _, k in modes for c in k["categories"] if c["category"] not in order]
+    by_mode = [{c["category"]: c for c in k["categories"]} for _, k in modes]
+    out = [
+        "**Where the GPU time of a step goes**: per step, the GPU's microseconds in each kind of "
+        "kernel, their share of its busy time, and how many ran (copies count as kernels).",
+        "",
+        "| Category | " + " | ".join(label for label, _ in modes) + " |",
+        "| --- |" + " ---: |" * len(modes),
+    ]
+    for cat in order:
+        cells = [cell(found[cat]) if cat in found else "-" for found in by_mode]
+        out.append(f"| {cat} | " + " | ".join(cells) + " |")
+    out.append("| busy (overlaps once) | " + " | ".join(f"{k['busy_us']:.1f} µs" for _, k in modes) + " |")
+    out += ["", f'??? note "The top kernels of a step, {last_label}"', ""]
+    out += [
+        "    | Kernel | Category | Per step | µs per step | Share |",
+        "    | --- | --- | ---: | ---: | ---: |",
+    ]
+    for k in last["top"]:
+        out.append(
+            f"    | `{shorten(k['name'])}` | {k['category']} | {k['count']:g} | {k['us']:.1f} | {k['share']:.1%} |"
+        )
+    rest = last["rest"]
+    if rest["names"]:
+        out.append(f"    | everything else ({rest['names']} other kernels) | | {rest['count']:g} | {rest['us']:.1f} "
+                   f"| {rest['share']:.1%} |")  # fmt: skip
+    return [*out, ""]
+
+
+def cell(row: dict[str, Any]) -> str:
+    return f"{row['us']:.1f} µs, {row['share']:.1%}, {row['count']:g} kernels"
+
+
+def shorten(name: str, width: int = 72) -> str:
+    """A kernel's name for a table cell: cuBLAS's procedural names run past 100 characters."""
+    name = name.replace("|", "/").replace("`", "'")  # neither may end the cell or the code span
+    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def rendered_fragments(profiles: dict[str, dict[str, Any]]) -> dict[Path, str]:

@@ -1,5 +1,6 @@
-"""scripts/profile_decode_step.py and scripts/render_profile.py: a trace in, a small JSON out, and
-the chapter's figure and fragment from the JSON."""
+"""scripts/profile_decode_step.py, scripts/kernel_breakdown.py and scripts/render_profile.py: a trace
+in, a small JSON out (with the kernels that took the GPU's time), and the chapter's figure and
+fragment from the JSON."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts import kernel_breakdown, render_profile  # noqa: E402
 from scripts import profile_decode_step as profiler  # noqa: E402
-from scripts import render_profile  # noqa: E402
 
 
 def event(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
@@ -208,3 +209,179 @@ def test_without_a_final_profile_its_fragment_names_the_gpu_step(tmp_path):
     render_profile.write_all(tmp_path)
     text = (tmp_path / render_profile.FRAGMENTS["final"]).read_text()
     assert "No final/ profile yet" in text and "gpu_run.sh ckpt profile-final" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the GPU time of a step goes: kernels by short name and category
+
+FILL = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<{t}>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<{t}>, at::detail::Array<char*, 1>)"  # fmt: skip
+MUL = "void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 2> >(int, at::native::AUnaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 2>)"  # fmt: skip
+COPY = "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1}>(at::TensorIteratorBase&, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1} const&)::{lambda(int)#1}>(int, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1}>(at::TensorIteratorBase&, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1} const&)::{lambda(int)#1})"  # fmt: skip
+INDEX_PUT = "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::index_put_kernel_impl<at::native::OpaqueType<2> >(at::TensorIterator&, c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(char*, char const*, long)#1}>(at::TensorIteratorBase&, c10::ArrayRef<long>, c10::ArrayRef<long>, at::native::index_put_kernel_impl<at::native::OpaqueType<2> >(at::TensorIterator&, c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(char*, char const*, long)#1} const&, bool)::{lambda(int)#1}>(long, at::native::gpu_index_kernel<at::native::index_put_kernel_impl<at::native::OpaqueType<2> >(at::TensorIterator&, c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(char*, char const*, long)#1}>(at::TensorIteratorBase&, c10::ArrayRef<long>, c10::ArrayRef<long>, at::native::index_put_kernel_impl<at::native::OpaqueType<2> >(at::TensorIterator&, c10::ArrayRef<long>, c10::ArrayRef<long>)::{lambda(char*, char const*, long)#1} const&, bool)::{lambda(int)#1})"  # fmt: skip
+ARGMAX = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4, 4> >(at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4, 4>)"  # fmt: skip
+SILU = "void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::silu_kernel(at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#4}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2> >(int, at::native::(anonymous namespace)::silu_kernel(at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#4}::operator()() const::{lambda(c10::BFloat16)#1}, at::detail::Array<char*, 2>)"  # fmt: skip
+GEMV = "std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, __nv_bfloat16, __nv_bfloat16, __nv_bfloat16, float, false, true, true, false, 7, false, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16>, float> >(cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16>, float>)"  # fmt: skip
+DECODE = "void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u, 4u, 8u, 16u, 1u, 8u, flashinfer::DefaultAttention<false, false, false, false>>(flashinfer::BatchDecodeParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, int>)"  # fmt: skip
+ADD_NORM = "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*, unsigned int, unsigned int, unsigned int, float, float)"  # fmt: skip
+ROPE = "void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheKernel<true, 128u, 8u, 16u, __nv_bfloat16, long>(__nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*, float*, long*, unsigned int, unsigned int)"  # fmt: skip
+ACT = "void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &(float silu<float>(float const&))>(__nv_bfloat16*, __nv_bfloat16 const*, int)"  # fmt: skip
+APPEND = "void flashinfer::AppendPagedKVCacheKernel<128u, 8u, __nv_bfloat16, int>(flashinfer::paged_kv_t<__nv_bfloat16, int>, __nv_bfloat16*, __nv_bfloat16*, int*, int*, unsigned int)"  # fmt: skip
+NVJET = "nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT"
+
+KNOWN_KERNELS = [  # (name in a trace, short name, category)
+    (FILL.format(t="float"), "vectorized_elementwise_kernel (FillFunctor)", "copy/index"),
+    (MUL, "vectorized_elementwise_kernel (MulFunctor)", "elementwise"),
+    (COPY, "elementwise_kernel (direct_copy_kernel_cuda)", "copy/index"),
+    (INDEX_PUT, "index_elementwise_kernel (index_put_kernel_impl)", "kv-store"),  # the pool's store
+    (ARGMAX, "reduce_kernel (ArgMaxOps)", "sampling"),  # greedy sampling
+    (SILU, "vectorized_elementwise_kernel (silu_kernel)", "activation"),
+    (GEMV, "internal::gemvx::kernel", "gemm"),  # the return type is not the name
+    (NVJET, NVJET, "gemm"),
+    (
+        "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x1_tn_align8>(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x1_tn_align8::Params)",
+        "Kernel2 (cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x1_tn_align8)",
+        "gemm",
+    ),  # fmt: skip
+    (DECODE, "BatchDecodeWithPagedKVCacheKernel", "attention"),
+    (
+        "void flashinfer::PersistentKernel<flashinfer::BlockBatchPagedAttentionPersistent<128u>>(flashinfer::PersistentParams)",
+        "PersistentKernel (BlockBatchPagedAttentionPersistent)",
+        "attention",
+    ),  # fmt: skip
+    (ADD_NORM, "FusedAddRMSNormKernel", "norm"),
+    # FlashInfer's CuTe-DSL norm: `cutlass` in its name, yet a norm
+    (
+        "kernel_cutlass_kernel_flashinfernormkernelsrmsnormRMSNormKernel_object_at__tensorptrbf16",
+        None,
+        "norm",
+    ),
+    (ROPE, "BatchQKApplyRotaryPosIdsCosSinCacheKernel", "rope"),
+    (ACT, "act_and_mul_kernel", "activation"),
+    (APPEND, "AppendPagedKVCacheKernel", "kv-store"),
+    (
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+        "nccl",
+    ),  # fmt: skip
+    ("Memcpy HtoD (Pinned -> Device)", "Memcpy HtoD (Pinned -> Device)", "copy/index"),
+    (
+        "void (anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, 2, 2, -2>(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>, long)",
+        "indexSelectSmallIndex",
+        "copy/index",
+    ),  # fmt: skip
+    ("triton_poi_fused_add_mul_0", "triton_poi_fused_add_mul_0", "elementwise"),
+    ("void my_own_kernel<3>(float*)", "my_own_kernel", "other"),
+]
+
+
+@pytest.mark.parametrize("name,short,category", KNOWN_KERNELS)
+def test_a_kernels_short_name_and_category(name, short, category):
+    shown, qualified = kernel_breakdown.short_name(name)
+    assert shown == (short or name)
+    assert kernel_breakdown.category(qualified) == category
+    assert category in kernel_breakdown.CATEGORIES
+
+
+def test_the_breakdown_groups_by_short_name_per_step_and_keeps_the_top_and_the_rest():
+    work = [  # two steps' GPU work, microseconds
+        (NVJET, 30.0), (NVJET, 30.0), (NVJET, 20.0), (NVJET, 20.0),
+        (DECODE, 15.0), (DECODE, 15.0),
+        (FILL.format(t="float"), 1.0), (FILL.format(t="c10::BFloat16"), 4.0),  # one kernel, two types
+        (ADD_NORM, 2.0), (ADD_NORM, 2.0),
+        (MUL, 2.0),
+        ("Memcpy DtoH (Device -> Pinned)", 1.0),
+    ]  # fmt: skip
+    b = kernel_breakdown.breakdown(work, steps=2, busy_us=125.0, top=3)
+    assert b["busy_us"] == 62.5
+    assert b["top"] == [
+        {"name": NVJET, "category": "gemm", "count": 2.0, "us": 50.0, "share": 0.8},
+        {"name": "BatchDecodeWithPagedKVCacheKernel", "category": "attention", "count": 1.0, "us": 15.0, "share": 0.24},
+        {"name": "vectorized_elementwise_kernel (FillFunctor)", "category": "copy/index", "count": 1.0, "us": 2.5, "share": 0.04},
+    ]  # fmt: skip
+    # norm (4 us), MulFunctor (2), the copy (1): three names, 4 launches, 7 us in two steps
+    assert b["rest"] == {"names": 3, "count": 2.0, "us": 3.5, "share": 0.056}
+    assert b["categories"] == [
+        {"category": "gemm", "count": 2.0, "us": 50.0, "share": 0.8},
+        {"category": "attention", "count": 1.0, "us": 15.0, "share": 0.24},
+        {"category": "copy/index", "count": 1.5, "us": 3.0, "share": 0.048},  # the fills and the memcpy
+        {"category": "norm", "count": 1.0, "us": 2.0, "share": 0.032},
+        {"category": "elementwise", "count": 0.5, "us": 1.0, "share": 0.016},
+    ]
+    # every microsecond lands in exactly one category and in the top or the rest
+    assert sum(c["us"] for c in b["categories"]) == pytest.approx(71.0)
+    assert sum(k["us"] for k in b["top"]) + b["rest"]["us"] == pytest.approx(71.0)
+
+
+def test_a_gpu_trace_records_its_kernels_by_name_per_step_and_a_cpu_trace_none():
+    trace = {
+        "traceEvents": [
+            event("user_annotation", "decode step", 100, 50),
+            event("kernel", DECODE, 95, 10, tid=7),  # running when the window opens: counts from 100
+            event("kernel", NVJET, 105, 20, tid=7),
+            event("kernel", NVJET, 125, 20, tid=7),
+            event("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 145, 5, tid=7),
+            event("kernel", ADD_NORM, 80, 5, tid=7),  # before the window: left out
+        ]
+    }
+    s = profiler.summarise_trace(trace, steps=2)
+    k = s["kernels"]
+    assert k["busy_us"] == 25.0  # 50 us in two steps
+    assert [(r["name"], r["count"], r["us"]) for r in k["top"]] == [
+        (NVJET, 1.0, 20.0),
+        ("BatchDecodeWithPagedKVCacheKernel", 0.5, 2.5),
+        ("Memcpy DtoH (Device -> Pinned)", 0.5, 2.5),
+    ]
+    assert [c["category"] for c in k["categories"]] == ["gemm", "attention", "copy/index"]
+    assert k["rest"]["names"] == 0
+    cpu = {
+        "traceEvents": [event("user_annotation", "decode step", 0, 100), event("cpu_op", "aten::mm", 10, 30)]
+    }
+    assert "kernels" not in profiler.summarise_trace(cpu)
+
+
+def profile_with_kernels(stage: str = "final") -> dict:
+    """A final/ profile as a GPU run writes it, with the kernel breakdown in both modes."""
+    eager = kernel_breakdown.breakdown(
+        [(NVJET, 40.0), (DECODE, 10.0), (COPY, 5.0)], steps=1, busy_us=50.0, top=2
+    )
+    served = kernel_breakdown.breakdown([(NVJET, 38.0), (DECODE, 10.0)], steps=1, busy_us=48.0, top=2)
+    mode = {"step_ms": 0.1, "gpu_busy_ms": 0.05, "gpu_idle_ms": 0.01, "gpu_kernels": 3, "launches": 3,
+            "host": [[0.0, 1.0, "launch"]], "gpu": [[1.0, 40.0], [41.0, 10.0]]}  # fmt: skip
+    return {
+        "kind": "decode-step-profile", "stage": stage, "steps": 1, "model": "m", "device": "NVIDIA H200",
+        "stand_in": False, "batch": 1, "prompt_len": 8, "attn": "fi", "dtype": "bfloat16",
+        "modes": {"eager_serial": {**mode, "kernels": eager}, "served": {**mode, "kernels": served}},
+        "command": "python scripts/profile_decode_step.py --stage final", "timestamp": "2026-01-01T00:00:00Z",
+    }  # fmt: skip
+
+
+def test_the_fragment_shows_where_the_gpu_time_of_a_step_goes(tmp_path):
+    root = tmp_path / "repo"
+    (root / "benchmarks/profiles/h200").mkdir(parents=True)
+    (root / "benchmarks/profiles/h200/final_b1.json").write_text(json.dumps(profile_with_kernels()))
+    render_profile.write_all(root)
+    text = (root / render_profile.FRAGMENTS["final"]).read_text()
+    assert "**Where the GPU time of a step goes**" in text
+    assert "| Category | CUDA graphs and overlap off | as served, CUDA graphs and overlap on |" in text
+    assert "| gemm | 40.0 µs, 80.0%, 1 kernels | 38.0 µs, 79.2%, 1 kernels |" in text
+    assert "| copy/index | 5.0 µs, 10.0%, 1 kernels | - |" in text  # only eager copies
+    assert "| busy (overlaps once) | 50.0 µs | 48.0 µs |" in text
+    assert '??? note "The top kernels of a step, as served, CUDA graphs and overlap on"' in text
+    assert f"    | `{NVJET}` | gemm | 1 | 38.0 | 79.2% |" in text
+    assert "    | `BatchDecodeWithPagedKVCacheKernel` | attention | 1 | 10.0 | 20.8% |" in text
+    assert "everything else" not in text  # served ran two kernels: both in its top 2
+    assert text.index("Where the GPU time") < text.index("Measured 2026-01-01")
+    assert render_profile.stale_files(root) == []
+
+
+def test_a_profile_without_kernels_renders_as_before():
+    profile = profile_with_kernels()
+    for mode in profile["modes"].values():
+        del mode["kernels"]
+    text = render_profile.render_fragment({"h200/p": profile}, "final")
+    assert "Where the GPU time" not in text and "??? note" not in text
+    assert "\n\n- CUDA graphs and overlap off: step 0.10 ms" in text
+    assert (
+        "- as served, CUDA graphs and overlap on: step 0.10 ms; GPU busy 0.05 ms (50%); 3 launches, 3 kernels.\n\nMeasured"
+        in text
+    )
