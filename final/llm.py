@@ -123,12 +123,14 @@ class LLM:
             self.add_request(p, sp): i for i, (p, sp) in enumerate(zip(prompts, per_prompt, strict=True))
         }
         results: list[RequestOutput | None] = [None] * len(prompts)
+        remaining = len(prompts)  # counted, not searched for among the results at every step
         # disable=None: a bar on a terminal, nothing in logs and pipes.
         with tqdm(total=len(prompts), disable=None if progress else True, desc="generate", unit="req") as bar:
-            while any(r is None for r in results):
+            while remaining:
                 for rid, out in self.step():
                     if rid in order:
                         results[order[rid]] = out
+                        remaining -= 1
                         bar.update(1)
         return results  # type: ignore[return-value]
 

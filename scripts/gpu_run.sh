@@ -39,6 +39,9 @@
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
 #   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
 #   ladder        the results page's ladder: offline workload, every stage, final/, Mini-SGLang, Nano-vLLM
+#   host-step     the host's CPU time per decode step of final/, by phase, at batch 64 and 256 on this
+#                 host's CPU (scripts/bench_host_step.py: the GPU's parts stood in; the GPU is idle),
+#                 table in the log, JSON in logs/host_step.json: does the host set the pace?
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The second entry: the CuTe DSL's `cutlass` (see scripts/device_kit.sh), which FlashAttention 4 imports.
@@ -179,6 +182,7 @@ run_step() {
       PYTHONPATH=$PWD/.peers/nanovllm:$PYTHONPATH $py scripts/bench_peer.py --engine nano-vllm --model $ckpt --out $results --name ladder_nanovllm_$gpu \
         || echo "Nano-vLLM did not run (it needs FlashAttention 2): its ladder row stays empty"
       ;;
+    host-step) $py scripts/bench_host_step.py --steps 200 --json "$out/logs/host_step.json" ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }

@@ -3,8 +3,12 @@ until decided."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from final.frontend.detokenizer import IncrementalDetokenizer, TextStream
-from final.frontend.tokenizer import Tokenizer
+from final.frontend.tokenizer import Tokenizer, _direct_decode
 
 # ---------------------------------------------------------------------------------------------
 # Detokenizer
@@ -36,3 +40,44 @@ def test_stop_string_held_back_until_decided(tiny_tokenizer_dir):
         if hit:
             break
     assert hit and "".join(emitted) == stream.text == "numbers 1234 and "
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer.decode: the detokenizer's fast path gives HF's text
+
+
+def _decode_cases(tok: Tokenizer, seed: int) -> list[list[int]]:
+    """Id lists of 1 to 6 ids (special tokens included), each single id asked twice: the second
+    answer comes from the remembered text."""
+    rng = random.Random(seed)
+    vocab = len(tok.hf)
+    singles = [[i] for i in range(min(vocab, 300))] + [[rng.randrange(vocab)] for _ in range(200)]
+    windows = [[rng.randrange(vocab) for _ in range(rng.randint(2, 6))] for _ in range(500)]
+    windows += [[0, 1, 2] + w for w in windows[:50]]  # the tiny tokenizer's special tokens lead
+    return singles + windows + singles
+
+
+@pytest.mark.parametrize("which", ["tiny", "default"])
+def test_decode_is_hf_decode_without_special_tokens(which, request):
+    folder = request.getfixturevalue("tiny_tokenizer_dir" if which == "tiny" else "default_model_dir")
+    tok = Tokenizer(folder)
+    assert tok._decode_ids is not None, "the fast path should serve this tokenizer"
+    for ids in _decode_cases(tok, seed=3):
+        assert tok.decode(ids) == tok.hf.decode(ids, skip_special_tokens=True), ids
+
+
+def test_decode_goes_through_hf_where_hf_does_more(tiny_tokenizer_dir):
+    """HF's decode is skipped only where it adds nothing: not when it cleans up spaces after
+    decoding (WordPiece's habit), nor for a tokenizer class with a decode of its own."""
+    hf = Tokenizer(tiny_tokenizer_dir).hf
+    assert _direct_decode(hf) is not None
+    hf.clean_up_tokenization_spaces = True
+    assert _direct_decode(hf) is None
+    hf.clean_up_tokenization_spaces = False
+
+    class OwnDecode(type(hf)):
+        def _decode(self, *args, **kwargs):
+            return "its own text"
+
+    hf.__class__ = OwnDecode
+    assert _direct_decode(hf) is None

@@ -224,26 +224,29 @@ class EngineCore:
         if self.ranks is not None:  # the other ranks run the same step: send it, with its page writes
             self.ranks.send_step(step, self.runner.page_table.pending_writes())
         logits = self.runner.forward(step)
-        sampled, completes_prefill = [], []
+        sampled: list[Request] = []
+        prompts_done: list[Request] = []
         for req, q_len, is_sampled in zip(batch.requests, batch.query_lens, batch.sampled, strict=True):
             req.num_computed += q_len  # a chunk of a cut prompt: its KV is in, no token yet
             if is_sampled:
                 sampled.append(req)
                 # The prompt is in the pool now (a full cache hit computes just one token).
-                completes_prefill.append(q_len > 1 or req.num_generated == 0)
+                if q_len > 1 or req.num_generated == 0:
+                    prompts_done.append(req)
                 req.num_pending += 1
                 req.last_token_on_device = True  # record_tokens writes it into the request's row
-        for req, prompt_done in zip(sampled, completes_prefill, strict=True):
-            if prompt_done:
-                # The prompt's K and V are being written by this step, and every later step runs
-                # after it on the one stream: the cache can offer them now. Waiting for `collect`
-                # would let the step scheduled meanwhile (overlap) miss them and compute them again.
-                self.scheduler.cache_request(req)
+        for req in prompts_done:
+            # The prompt's K and V are being written by this step, and every later step runs after
+            # it on the one stream: the cache can offer them now. Waiting for `collect` would let
+            # the step scheduled meanwhile (overlap) miss them and compute them again.
+            self.scheduler.cache_request(req)
         self.stats.num_steps += 1
         if not sampled:
             return StepHandle(batch, [], None, None, None)
         rows = self.runner.buffers.sampled_rows[: len(sampled)]
-        generators = [self.generators.get(r.rid) for r in sampled]
+        generators = (
+            [self.generators.get(r.rid) for r in sampled] if self.generators else [None] * len(sampled)
+        )
         out = self.sampler.sample(logits, rows, [r.params for r in sampled], generators)
         if self.ranks is not None:  # sampled once, here: every rank's token table gets these tokens
             self.ranks.share_tokens(out.tokens)

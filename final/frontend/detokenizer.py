@@ -82,16 +82,23 @@ class TextStream:
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = ()):
         self.detok = IncrementalDetokenizer(tokenizer, prompt_ids)
         self.matcher = StopStringMatcher(stop)
-        self.text = ""
+        # The pieces sent so far, joined only when `text` is read: `text += piece` would copy the
+        # whole answer at every token.
+        self.pieces: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """Everything sent so far."""
+        return "".join(self.pieces)
 
     def push(self, token_ids: Sequence[int]) -> tuple[str, bool]:
         new, hit = self.matcher.feed(self.detok.push(token_ids))
-        self.text += new
+        self.pieces.append(new)
         return new, hit
 
     def finish(self) -> str:
         """The generation ended without a stop string: release everything held back."""
         tail, hit = self.matcher.feed(self.detok.flush())
         new = tail if hit else tail + self.matcher.flush()
-        self.text += new
+        self.pieces.append(new)
         return new

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -19,6 +19,8 @@ class Tokenizer:
             self.hf = AutoTokenizer.from_pretrained(str(folder))
         except Exception as err:
             raise UserError(f"cannot load the tokenizer of {folder}: {err}") from err
+        self._decode_ids = _direct_decode(self.hf)
+        self._token_texts: dict[int, str] = {}  # see decode
 
     @property
     def has_chat_template(self) -> bool:
@@ -45,8 +47,45 @@ class Tokenizer:
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
+        # The detokenizer calls this twice per generated token of every request (at batch 256,
+        # the host's largest cost per step). One of the two is the text of the token before the
+        # new one, alone: a token's text never changes, so that one is remembered.
+        if len(ids) == 1:
+            text = self._token_texts.get(ids[0])
+            if text is None:
+                text = self._token_texts[ids[0]] = self._decode(ids)
+            return text
+        return self._decode(ids)
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        # Straight to the Rust tokenizer where HF's wrapper adds nothing but its own cost.
+        if self._decode_ids is not None:
+            return self._decode_ids(list(ids), skip_special_tokens=True)
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
     def token_text(self, token_id: int) -> str:
         """One token as text, for logprobs (a lone piece of a multi-byte character shows as U+FFFD)."""
         return self.hf.decode([token_id])
+
+
+# Where transformers' generic fast tokenizer defines `_decode` (5.x, 4.x): the Rust tokenizer's
+# decode, then an optional clean-up of spaces.
+_FAST_DECODE_MODULES = ("transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_fast")
+
+
+def _direct_decode(hf: object) -> Callable[..., str] | None:
+    """The Rust tokenizer's `decode`, when HF's `decode` does nothing more than call it: a fast
+    tokenizer whose class keeps the generic `_decode` and whose clean-up of spaces is off. HF's
+    wrapper (argument conversion, keyword handling) costs several times the decode itself on the
+    few ids the detokenizer passes. None: go through HF's `decode`."""
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None or getattr(hf, "clean_up_tokenization_spaces", True):
+        return None
+    owners = {
+        name: next((c for c in type(hf).__mro__ if name in vars(c)), None) for name in ("decode", "_decode")
+    }
+    if owners["_decode"] is None or owners["_decode"].__module__ not in _FAST_DECODE_MODULES:
+        return None
+    if owners["decode"] is None or owners["decode"].__module__ != "transformers.tokenization_utils_base":
+        return None
+    return backend.decode

@@ -83,9 +83,9 @@ class KVCacheManager:
 
     def grow(self, kv: RequestPages, length: int) -> bool:
         """Give the request enough pages to hold `length` tokens; False if the pool cannot."""
+        if length <= len(kv.pages) * self.page_size:
+            return True  # the usual case (every decode step of every request): nothing to add
         need = self.pages_for(length) - len(kv.pages)
-        if need <= 0:
-            return True
         pages = self._allocate(need)
         if pages is None:
             return False

@@ -35,29 +35,35 @@ class Request:
     num_computed: int = 0  # tokens whose K and V are in the cache (or written by a launched step)
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache at admission
 
+    # The scheduler reads these for every running request several times a step (thousands of
+    # reads a step at batch 256), so each one reads the fields directly instead of going through
+    # the others: the same definitions, without the extra property calls.
+
     @property
     def num_generated(self) -> int:
         return len(self.output_ids) + self.num_pending
 
     @property
     def seq_len(self) -> int:
-        return len(self.prompt_ids) + self.num_generated
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending  # prompt + num_generated
 
     @property
     def num_uncomputed(self) -> int:
         """Tokens still to run through the model: the uncached prompt (in chunks when it exceeds the
         step budget; prompt + output after a preemption), then the last sampled token."""
-        return self.seq_len - self.num_computed
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending - self.num_computed
 
     @property
     def out_of_tokens(self) -> bool:
         """Every token it may generate has been sampled (some may still be in flight)."""
-        return self.num_generated >= self.max_new_tokens
+        return len(self.output_ids) + self.num_pending >= self.max_new_tokens
 
     @property
     def is_decoding(self) -> bool:
-        """Past its prompt: the next step computes the one token it sampled last."""
-        return self.num_generated > 0 and self.num_uncomputed == 1
+        """Past its prompt: the next step computes the one token it sampled last
+        (num_generated > 0 and num_uncomputed == 1)."""
+        generated = len(self.output_ids) + self.num_pending
+        return generated > 0 and len(self.prompt_ids) + generated - self.num_computed == 1
 
     def all_ids(self) -> list[int]:
         """The tokens the host knows: the prompt and the collected output."""
@@ -84,18 +90,25 @@ class ScheduledBatch:
     sampled: list[bool]  # whether the step reaches the request's last token (a cut prompt does not)
 
     def step_input(self) -> StepInput:
+        rows: list[int] = []
+        seq_lens: list[int] = []
         input_ids: list[int] = []
         from_table: list[bool] = []
         for req, q_len in zip(self.requests, self.query_lens, strict=True):
+            rows.append(req.kv.row)
+            seq_lens.append(req.num_computed + q_len)
             # A decoding request's token is the one it sampled last: the device has it (unless a
             # preemption moved the request to another row since; then the host supplies it).
-            on_device = req.is_decoding and req.last_token_on_device
+            on_device = req.last_token_on_device and req.is_decoding
             from_table.append(on_device)
-            input_ids += [0] if on_device else req.tokens(req.num_computed, req.num_computed + q_len)
+            if on_device:
+                input_ids.append(0)
+            else:
+                input_ids += req.tokens(req.num_computed, req.num_computed + q_len)
         return StepInput(
-            rows=[r.kv.row for r in self.requests],
+            rows=rows,
             query_lens=list(self.query_lens),
-            seq_lens=[r.num_computed + q for r, q in zip(self.requests, self.query_lens, strict=True)],
+            seq_lens=seq_lens,
             sampled=list(self.sampled),
             input_ids=input_ids,
             from_table=from_table,

@@ -85,30 +85,34 @@ class Scheduler:
         else:  # prefill-first: a step with prefill work carries nothing else
             chunks = self._prefill_chunks(self.max_prefill_length)
             decodes = [] if chunks else self._decodes()
-        work = [(r, 1) for r in decodes] + chunks
-        if not work and any(not r.out_of_tokens for r in self.running):
+        if not decodes and not chunks and any(not r.out_of_tokens for r in self.running):
             # Prompts under way hold the pool and none can grow: recompute the newest later so
             # the others can finish (a lone request always fits; add_request checks that).
             self._preempt(self.running[-1])
             return self.schedule(can_preempt)
-        if not work:
+        if not decodes and not chunks:
             return None
-        computed = [r.num_computed + n for r, n in work]
         return ScheduledBatch(
-            requests=[r for r, _ in work],
-            query_lens=[n for _, n in work],
-            # A request is sampled when the step reaches the end of its tokens; a cut prompt is not.
-            sampled=[c == r.seq_len for (r, _), c in zip(work, computed, strict=True)],
+            requests=decodes + [r for r, _ in chunks],
+            query_lens=[1] * len(decodes) + [n for _, n in chunks],
+            # A request is sampled when the step reaches the end of its tokens: a decode always
+            # does (its one uncomputed token), a prompt chunk when it is the prompt's last.
+            sampled=[True] * len(decodes) + [r.num_computed + n == r.seq_len for r, n in chunks],
         )
 
     def _decodes(self) -> list[Request]:
         """Running requests past their prompt: one token each. When the pool runs dry, preempt the
         newest request until the rest fit."""
-        for req in [r for r in self.running if r.is_decoding and not r.out_of_tokens]:
-            while req.status is Status.RUNNING and not self.kv.grow(req.kv, req.seq_len):
-                self._preempt(self.running[-1])
         # A request whose last token is already in flight and used up max_tokens is done: it
         # finishes when that token is collected, and another step for it would be wasted.
+        decodes = [r for r in self.running if r.is_decoding and not r.out_of_tokens]
+        preemptions = self.num_preemptions
+        for req in decodes:
+            while req.status is Status.RUNNING and not self.kv.grow(req.kv, req.seq_len):
+                self._preempt(self.running[-1])
+        if self.num_preemptions == preemptions:
+            return decodes
+        # Preempted requests left the batch: the survivors, in the running list's order.
         return [r for r in self.running if r.is_decoding and not r.out_of_tokens]
 
     def _prefill_chunks(self, budget: int) -> list[tuple[Request, int]]:
