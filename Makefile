@@ -9,7 +9,7 @@ NOTEBOOKS := $(wildcard docs/notebooks/*.py)
 # No mkdocs-material banner about its successor on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup model run shell ask test test-cpu notebooks notebooks-run lab docs docs-gen docs-assets docs-serve browser lint bench bench-startup gpu-test soak clean
+.PHONY: setup model run shell ask exercise exercise-check test test-cpu notebooks notebooks-run lab docs docs-gen docs-assets docs-serve browser lint bench bench-startup gpu-test soak clean
 
 # A virtual environment with the project and its test and docs extras. On a machine without CUDA
 # we install the CPU wheel of torch first: an unpinned torch would pull gigabytes of CUDA wheels.
@@ -39,6 +39,17 @@ shell: model
 # One prompt, one greedy answer, from the simplest engine (stage 01); PROMPT="..." asks another.
 ask: model
 	$(BIN)/python -m stages.01_naive_generate --prompt "$(PROMPT)"
+
+# Build a stage yourself: `make exercise STAGE=03` copies stages/03_*/ to exercises/ (git-ignored)
+# with the code its chapter teaches stubbed out and lists the stubs; `make exercise-check STAGE=03`
+# runs the stage's CPU tests against that copy, red until the stubs are written. ARGS="--region
+# match" stubs one section only; `python scripts/exercise.py 03 --solution` puts the originals back.
+STAGE ?=
+exercise: setup
+	$(BIN)/python scripts/exercise.py "$(STAGE)" $(ARGS)
+
+exercise-check: setup
+	$(BIN)/python scripts/exercise.py "$(STAGE)" --check $(ARGS)
 
 # The whole CPU suite: unit and conformance tests, the notebooks executed (once: the site shows
 # these very runs), the strict docs build, and the built site checked in headless Chromium.

@@ -26,6 +26,33 @@ if str(REPO_ROOT) not in sys.path:
 
 from tests.fixtures.tiny_models import make_tiny_checkpoint, train_tiny_tokenizer  # noqa: E402
 
+
+def _bind_exercise_stage(folder: str) -> None:
+    """The "build it yourself" hook (scripts/exercise.py): EXERCISE_STAGE_DIR names a copy of one
+    stage, e.g. exercises/03_radix_cache; `stages.03_radix_cache` then imports from that copy, so
+    the stage's own tests check the reader's code. Other stages and stages.common stay as they
+    are. Unset (always, outside an exercise), nothing here runs."""
+    import importlib.util
+
+    path = Path(folder).resolve()
+    if not (path / "__init__.py").is_file() or not (REPO_ROOT / "stages" / path.name).is_dir():
+        raise pytest.UsageError(f"EXERCISE_STAGE_DIR={folder}: not a copy of a stage (stages/{path.name}/)")
+    import stages
+
+    name = f"stages.{path.name}"
+    spec = importlib.util.spec_from_file_location(
+        name, path / "__init__.py", submodule_search_locations=[str(path)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    setattr(stages, path.name, module)
+
+
+if os.environ.get("EXERCISE_STAGE_DIR"):
+    _bind_exercise_stage(os.environ["EXERCISE_STAGE_DIR"])
+
 GPU_SKIP_REASON = "needs a CUDA GPU (run scripts/run_gpu_tests.sh on a CUDA host)"
 MULTI_GPU_SKIP_REASON = "needs 2+ CUDA GPUs"
 

@@ -1,0 +1,118 @@
+"""The "build it yourself" track (scripts/exercise.py): a stage copy with its chapter's code stubbed.
+
+- Every stubbed file parses, keeps every function's signature, decorators and docstring, and only
+  the functions inside the chapter's snippet sections change (each to one NotImplementedError).
+- The stage's own tests, pointed at the copy by EXERCISE_STAGE_DIR (tests/conftest.py), fail on a
+  stub; after `--solution` the same tests pass, and the copy equals the stage again.
+"""
+
+from __future__ import annotations
+
+import ast
+import filecmp
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import exercise  # noqa: E402
+
+STAGE = ROOT / "stages" / "03_radix_cache"
+# Fast tree tests that reach match, insert, split and evict: a second or two, not the engine tests.
+SUBSET = [
+    "-x",
+    "-p",
+    "no:cacheprovider",
+    "-k",
+    "insert_split_and_match_as_drawn or evict_takes_least_recently_used",
+]
+
+
+def functions(path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    return dict(exercise._functions(ast.parse(path.read_text(encoding="utf-8"))))
+
+
+def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    return ast.dump(ast.Module([type(fn)(fn.name, fn.args, [], fn.decorator_list, fn.returns)], []))
+
+
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[exercise.Stub]]:
+    out = tmp_path_factory.mktemp("exercises")
+    return out, exercise.make_exercise(STAGE, out)
+
+
+def test_stubs_keep_signatures_docstrings_and_markers(copy):
+    out, stubs = copy
+    _, regions = exercise.chapter_regions(STAGE)
+    stubbed = {(s.region.file, s.function) for s in stubs}
+    # Every section the chapter includes from this stage got at least one stub.
+    assert {r.name for r in regions} == {s.region.name for s in stubs}
+    assert ("radix_cache.py", "RadixCache.match") in stubbed and ("engine.py", "LLM.step") in stubbed
+    for original in sorted(STAGE.rglob("*.py")):
+        rel = original.relative_to(STAGE).as_posix()
+        copied = out / STAGE.name / rel
+        if rel not in {r.file for r in regions}:
+            assert filecmp.cmp(original, copied, shallow=False), f"{rel} is not taught, yet changed"
+            continue
+        before, after = functions(original), functions(copied)
+        assert before.keys() - after.keys() <= {
+            name for name in before if any(name.startswith(f"{f}.<locals>.") for _, f in stubbed)
+        }, f"{rel} lost a function"
+        for name, fn in after.items():
+            assert signature(fn) == signature(before[name]), f"{rel}: {name}'s signature changed"
+            assert ast.get_docstring(fn) == ast.get_docstring(before[name])
+            body = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
+            if (rel, name) in stubbed:
+                assert len(body) == 1 and isinstance(body[0], ast.Raise), f"{rel}: {name} is not one raise"
+                message = ast.literal_eval(body[0].exc.args[0])  # type: ignore[union-attr]
+                assert message.startswith("exercise: ") and "docs/chapters/03_radix_cache.md#" in message
+            else:
+                assert ast.dump(fn) == ast.dump(before[name]), f"{rel}: {name} is not taught, yet changed"
+        text = copied.read_text(encoding="utf-8")
+        for region in (r for r in regions if r.file == rel):  # the chapter's includes still resolve
+            assert f"# --8<-- [start:{region.name}]" in text and f"# --8<-- [end:{region.name}]" in text
+
+
+def run_subset(out: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, exercise.ENV_VAR: str(out / STAGE.name), "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "pytest", "-q", "tests/test_stage03_radix.py", *SUBSET]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_stage_tests_go_red_on_the_stubs_and_green_with_the_solution(tmp_path):
+    script = [sys.executable, str(ROOT / "scripts" / "exercise.py"), "03", "--out", str(tmp_path)]
+    made = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert "RadixCache.match" in made.stdout and "make exercise-check STAGE=03" in made.stdout
+
+    red = run_subset(tmp_path)
+    assert red.returncode == 1, red.stdout + red.stderr
+    assert "NotImplementedError: exercise: " in red.stdout
+    assert str(tmp_path / STAGE.name / "radix_cache.py") in red.stdout  # the copy ran, not the stage
+
+    # A second run refuses to overwrite the reader's work.
+    again = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "--force" in again.stderr
+
+    restored = subprocess.run([*script, "--solution"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert restored.returncode == 0, restored.stderr
+    green = run_subset(tmp_path)
+    assert green.returncode == 0 and "2 passed" in green.stdout, green.stdout + green.stderr
+    for original in STAGE.rglob("*.py"):
+        copied = tmp_path / STAGE.name / original.relative_to(STAGE)
+        assert filecmp.cmp(original, copied, shallow=False), f"{copied} differs from the stage"
+
+
+def test_stage_names_and_bad_requests():
+    assert exercise.find_stage("3") == exercise.find_stage("03_radix_cache") == STAGE
+    with pytest.raises(exercise.ExerciseError, match="no stage"):
+        exercise.find_stage("99")
+    _, regions = exercise.chapter_regions(STAGE)
+    with pytest.raises(exercise.ExerciseError, match="no region"):
+        exercise.select(regions, ["nope"])
+    assert exercise.slugify("Pages and the page table") == "pages-and-the-page-table"
