@@ -61,6 +61,22 @@ export BENCH_RUN_ID=${BENCH_RUN_ID:-gpu-$(date -u +%Y%m%dT%H%M%SZ)-$gpu}
 bench() { $py -m stages.common.bench --device cuda --dtype bfloat16 --model $ckpt --out $results --no-progress "$@"; }
 bench_on() { local model=$1; shift; $py -m stages.common.bench --device cuda --dtype bfloat16 --model "$model" --out $results --no-progress "$@"; }
 
+# bench-tp's and bench-stage07's grid: batch-1 decode and the offline workload at TP 1, 2 (and 4 on
+# 4 GPUs), for the 0.6B and 8B shapes, named <prefix>_tp<N>_<workload>_<shape>_<gpu>.
+# Usage: bench_tp_grid ENGINE PREFIX [ARG...], the ARGs passed to the latency runs only.
+bench_tp_grid() {
+  local engine=$1 prefix=$2 degrees="1 2" model shape tp
+  shift 2
+  [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && degrees="1 2 4"
+  for model in $ckpt $ckpt8; do
+    shape=$(basename $model -random | tr -d '.-')  # qwen306b, qwen38b
+    for tp in $degrees; do
+      bench_on $model --engine $engine --workload latency --engine-arg attn=fi "$@" --engine-arg tp=$tp --name ${prefix}_tp${tp}_latency_${shape}_$gpu
+      bench_on $model --engine $engine --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name ${prefix}_tp${tp}_offline_${shape}_$gpu
+    done
+  done
+}
+
 run_step() {
   case $1 in
     env)
@@ -113,17 +129,7 @@ run_step() {
         $py scripts/profile_decode_step.py --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu
       done
       ;;
-    bench-tp)
-      ngpu=$(nvidia-smi -L | wc -l)
-      degrees="1 2"; [ "$ngpu" -ge 4 ] && degrees="1 2 4"
-      for model in $ckpt $ckpt8; do
-        shape=$(basename $model -random | tr -d '.-')  # qwen306b, qwen38b
-        for tp in $degrees; do
-          bench_on $model --engine final --workload latency --engine-arg attn=fi --engine-arg tp=$tp --name final_tp${tp}_latency_${shape}_$gpu
-          bench_on $model --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name final_tp${tp}_offline_${shape}_$gpu
-        done
-      done
-      ;;
+    bench-tp) bench_tp_grid final final ;;
     test-stage06) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage06_gpu.py ;;
     bench-stage06)
       bench --engine stages.06_overlap --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage06_offline_overlap_$gpu
@@ -142,17 +148,7 @@ run_step() {
       done
       ;;
     test-stage07) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage07_gpu.py ;;
-    bench-stage07)
-      ngpu=$(nvidia-smi -L | wc -l)
-      degrees="1 2"; [ "$ngpu" -ge 4 ] && degrees="1 2 4"
-      for model in $ckpt $ckpt8; do
-        shape=$(basename $model -random | tr -d '.-')  # qwen306b, qwen38b
-        for tp in $degrees; do
-          bench_on $model --engine stages.07_tensor_parallel --workload latency --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name stage07_tp${tp}_latency_${shape}_$gpu
-          bench_on $model --engine stages.07_tensor_parallel --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name stage07_tp${tp}_offline_${shape}_$gpu
-        done
-      done
-      ;;
+    bench-stage07) bench_tp_grid stages.07_tensor_parallel stage07 --engine-arg page_size=16 ;;
     peers)  # with bench-final in the same call: the Performance page pairs them by run id
       for w in offline latency; do
         PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_peer.py --engine mini-sglang --workload $w --model $ckpt --out $results --name peer_minisgl_${w}_$gpu

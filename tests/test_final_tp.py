@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ from final.models import check_tp_degree, load_model
 from final.models import weights as weights_module
 from final.models.llama import LlamaForCausalLM
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
+from tests.fixtures.tp import alive, counting_safe_open, free_port, processes_below
 from tests.test_final_server import Server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,35 +57,9 @@ def odd_llama_dir(tmp_path_factory) -> Path:
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny_llama_509"), "llama", vocab_size=ODD_VOCAB)
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
 def rank_processes(root: int) -> list[int]:
     """Pids of the `final.engine.worker` processes below `root` in the process tree."""
-    parent: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (FileNotFoundError, ProcessLookupError, IndexError):
-                continue
-    below, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - below
-        below |= frontier
-    out = []
-    for pid in below:
-        try:
-            if b"final.engine.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except FileNotFoundError:
-            continue
-    return sorted(out)
+    return processes_below(root, b"final.engine.worker")
 
 
 def wait_until_gone(pids: list[int], timeout: float = BOUND_S) -> list[int]:
@@ -93,12 +67,6 @@ def wait_until_gone(pids: list[int], timeout: float = BOUND_S) -> list[int]:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling another process's exit
     return [p for p in pids if alive(p)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,38 +117,7 @@ def test_each_rank_reads_only_its_slices(tiny_qwen3_dir, monkeypatch, size):
     config = load_model_config(tiny_qwen3_dir, None)
     full = load_file(str(tiny_qwen3_dir / "model.safetensors"))
     read: list[int] = []  # elements the loader asked safetensors for
-    real_open = weights_module.safe_open
-
-    class CountingSlice:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def get_shape(self):
-            return self.inner.get_shape()
-
-        def __getitem__(self, index):
-            out = self.inner[index]
-            read.append(out.numel())
-            return out
-
-    class CountingReader:
-        def __init__(self, *args, **kwargs):
-            self.inner = real_open(*args, **kwargs)
-
-        def __enter__(self):
-            self.inner.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self.inner.__exit__(*exc)
-
-        def keys(self):
-            return self.inner.keys()
-
-        def get_slice(self, name):
-            return CountingSlice(self.inner.get_slice(name))
-
-    monkeypatch.setattr(weights_module, "safe_open", CountingReader)
+    monkeypatch.setattr(weights_module, "safe_open", counting_safe_open(weights_module.safe_open, read))
     hd, q = config.head_dim, config.num_heads * config.head_dim // size
     for rank in range(size):
         read.clear()

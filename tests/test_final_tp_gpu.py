@@ -26,18 +26,12 @@ from final.engine.ranks import GRACE_S
 from final.frontend.client import ENGINE_GONE, SyncEngineClient
 from tests.fixtures.gpu_compare import assert_agree_until_near_tie
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
+from tests.fixtures.tp import QWEN3_06B_VOCAB, assert_tp_matches_tp1_on_qwen3_06b_shape, tp_degrees
 from tests.test_final_tp import rank_processes, wait_until_gone
 
 pytestmark = pytest.mark.multi_gpu
 
 POOL_TOKENS = 65536
-
-
-def degrees() -> list[int]:
-    """2, and 4 where 4 GPUs exist: on a CUDA host a skipped GPU test is a failure, so a degree the
-    host cannot run is not collected at all (on the CPU, [2] collects and skips)."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return [d for d in (2, 4) if d <= gpus] or [2]
 
 
 def gpu_llm(model_dir, tp: int, page_size: int = 16) -> final.LLM:
@@ -73,7 +67,7 @@ def gpu_tiny_dir(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("size", degrees())
+@pytest.mark.parametrize("size", tp_degrees())
 def test_tp_matches_tp1_on_a_tiny_model(gpu_tiny_dir, size):
     prompts = sample_prompts(gpu_tiny_dir, n=8, seed=21)
     vocab = 512
@@ -84,19 +78,13 @@ def test_tp_matches_tp1_on_a_tiny_model(gpu_tiny_dir, size):
     assert compared >= 4 * len(prompts), "the runs parted too early to show anything"
 
 
-@pytest.mark.parametrize("size", degrees())
+@pytest.mark.parametrize("size", tp_degrees())
 def test_tp_matches_tp1_on_qwen3_06b_shape(qwen3_06b_dir, size):
-    prompts = [list(range(100 + i, 100 + i + n)) for i, n in enumerate([17, 250, 1024, 3, 600, 64])]
-    vocab = 151936
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=vocab)
-    want = run(qwen3_06b_dir, 1, prompts, params)
-    got = run(qwen3_06b_dir, size, prompts, params)
-    # Random weights give nearly flat distributions: ties come early, the distributions are the test.
-    compared = assert_agree_until_near_tie(got, want, vocab, atol=0.1)
-    assert compared >= len(prompts)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=QWEN3_06B_VOCAB)
+    assert_tp_matches_tp1_on_qwen3_06b_shape(run, qwen3_06b_dir, size, params)
 
 
-@pytest.mark.parametrize("size", degrees())
+@pytest.mark.parametrize("size", tp_degrees())
 def test_killed_rank_ends_the_engine_during_graph_replay(gpu_tiny_dir, size):
     config = EngineConfig(model=str(gpu_tiny_dir), device="cuda", dtype="bfloat16", tp=size, page_size=16,
                           num_pages=POOL_TOKENS // 16)  # fmt: skip

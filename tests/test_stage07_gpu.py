@@ -24,8 +24,9 @@ import torch
 from stages.common.sampling import SamplingParams
 from tests.fixtures.gpu_compare import assert_agree_until_near_tie
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
+from tests.fixtures.tp import QWEN3_06B_VOCAB, alive, assert_tp_matches_tp1_on_qwen3_06b_shape, tp_degrees
 from tests.stage_list import ROOT, load
-from tests.test_stage07_tp import alive, rank_of, workers_below
+from tests.test_stage07_tp import rank_of, workers_below
 
 pytestmark = pytest.mark.multi_gpu
 
@@ -33,13 +34,6 @@ stage07 = load("stages.07_tensor_parallel")
 ranks_module = load("stages.07_tensor_parallel.ranks")
 
 PAGE_SIZE, POOL_TOKENS = 16, 65536
-
-
-def degrees() -> list[int]:
-    """2, and 4 where 4 GPUs exist: on a CUDA host a skipped GPU test is a failure, so a degree the
-    host cannot run is not collected at all (on the CPU, [2] collects and skips)."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return [d for d in (2, 4) if d <= gpus] or [2]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +80,7 @@ def run(model_dir, tp: int, prompts, params, attn: str = "fi", arrivals: list[in
         torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("size", degrees())
+@pytest.mark.parametrize("size", tp_degrees())
 @pytest.mark.parametrize("attn", ["fi", "torch"])
 def test_tp_matches_tp1_on_a_tiny_model(gpu_tiny_dir, size, attn):
     """Staggered arrivals (graphs of several sizes), a 60-token prompt chunked under a budget of 32,
@@ -102,16 +96,10 @@ def test_tp_matches_tp1_on_a_tiny_model(gpu_tiny_dir, size, attn):
     assert compared >= 4 * len(prompts), "the runs parted too early to show anything"
 
 
-@pytest.mark.parametrize("size", degrees())
+@pytest.mark.parametrize("size", tp_degrees())
 def test_tp_matches_tp1_on_qwen3_06b_shape(qwen3_06b_dir, size):
-    prompts = [list(range(100 + i, 100 + i + n)) for i, n in enumerate([17, 250, 1024, 3, 600, 64])]
-    vocab = 151936
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=vocab)
-    want = run(qwen3_06b_dir, 1, prompts, params)
-    got = run(qwen3_06b_dir, size, prompts, params)
-    # Random weights give nearly flat distributions: ties come early, the distributions are the test.
-    compared = assert_agree_until_near_tie(got, want, vocab, atol=0.1)
-    assert compared >= len(prompts)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=QWEN3_06B_VOCAB)
+    assert_tp_matches_tp1_on_qwen3_06b_shape(run, qwen3_06b_dir, size, params)
 
 
 DRIVER = """
@@ -134,7 +122,7 @@ except ranks.RankFailure as err:
 """
 
 
-@pytest.mark.parametrize("size", degrees())
+@pytest.mark.parametrize("size", tp_degrees())
 def test_killed_rank_ends_the_engine_during_graph_replay(gpu_tiny_dir, size):
     proc = subprocess.Popen(
         [sys.executable, "-c", DRIVER, str(gpu_tiny_dir), str(size)], cwd=ROOT, stdout=subprocess.PIPE,

@@ -21,7 +21,6 @@ import dataclasses
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from stages.common.model_config import ModelConfig, load_model_config
 from stages.common.sampling import SamplingParams
 from tests.fixtures.driving import full_logprobs
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
+from tests.fixtures.tp import alive, counting_safe_open, free_port, processes_below
 from tests.stage_list import ROOT, load
 
 stage07 = load("stages.07_tensor_parallel")
@@ -72,38 +72,13 @@ def engine(model_dir: Path, tp: int = 1, **kwargs):
 
 def workers_below(root: int) -> list[int]:
     """Pids of the stage's worker processes below `root` in the process tree."""
-    parent: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-    below, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - below
-        below |= frontier
-    found = []
-    for pid in below:
-        try:
-            if WORKER in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return sorted(found)
+    return processes_below(root, WORKER)
 
 
 def rank_of(pid: int) -> int:
     """A worker's rank, from its command line (`--rank R`)."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     return int(argv[argv.index("--rank") + 1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,35 +152,7 @@ def test_each_rank_reads_only_its_slices(request, monkeypatch, model, size):
     config = load_model_config(model_dir, None)
     full = load_file(str(model_dir / "model.safetensors"))
     read: list[int] = []  # elements the loader asked safetensors for
-    real_open = model_module.safe_open
-
-    class CountingSlice:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getitem__(self, index):
-            out = self.inner[index]
-            read.append(out.numel())
-            return out
-
-    class CountingReader:
-        def __init__(self, *args, **kwargs):
-            self.inner = real_open(*args, **kwargs)
-
-        def __enter__(self):
-            self.inner.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self.inner.__exit__(*exc)
-
-        def keys(self):
-            return self.inner.keys()
-
-        def get_slice(self, name):
-            return CountingSlice(self.inner.get_slice(name))
-
-    monkeypatch.setattr(model_module, "safe_open", CountingReader)
+    monkeypatch.setattr(model_module, "safe_open", counting_safe_open(model_module.safe_open, read))
     hd, q = config.head_dim, config.num_heads * config.head_dim // size
     rows = -(-config.vocab_size // size)
     for rank in range(size):
@@ -425,9 +372,7 @@ def test_tp2_matches_tp1(tiny_qwen3_dir, tp2, overlap):
 def test_two_nodes_on_loopback_from_the_command_line(tiny_qwen3_dir):
     """--nnodes 2, each node one process, both started as a user would: node 1 with no prompt (it
     only starts rank 1 and takes every setting from node 0), node 0 with the prompts."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"
     prompts = ["The cat sat on", "A dog ran to the"]
     ref = engine(tiny_qwen3_dir)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

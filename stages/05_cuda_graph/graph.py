@@ -21,14 +21,16 @@ driver's recording runs, and is tested, on a CPU.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
-from .request import Batch
+from stages.common.model_config import ModelConfig
 
-if TYPE_CHECKING:
-    from .runner import ModelRunner
+from .attention import AttentionBackend
+from .model import CausalLM
+from .page_table import PageTable
+from .request import Batch
 
 AUTO_MAX_BATCH = 256  # the largest graph by default (capped by --max-running-requests)
 
@@ -95,12 +97,25 @@ class EagerGraph:
         self.step()
 
 
+class RunnerParts(Protocol):
+    """What GraphRunner uses of the model runner (runner.py's ModelRunner has all of it; the
+    runner imports this module, so this module names the parts instead of importing the runner)."""
+
+    device: torch.device
+    config: ModelConfig
+    model: CausalLM
+    backend: AttentionBackend
+    page_table: PageTable
+    page_size: int
+    padding_row: int  # the page-table row of the padding page: padded graph rows point at it
+
+
 class GraphRunner:
     """The runner's decode step captured for every size in `capture_sizes(max_batch)` (largest
     first, so the smaller graphs reuse the largest one's memory), and replayed."""
 
     def __init__(
-        self, runner: ModelRunner, max_batch: int, make_graph: Callable[[object], Graph] = CudaGraph
+        self, runner: RunnerParts, max_batch: int, make_graph: Callable[[object], Graph] = CudaGraph
     ):
         self.runner = runner
         self.sizes = capture_sizes(max_batch)
