@@ -208,6 +208,7 @@ bench-gpu:
 	$(BENCH_GPU) --engine final --workload latency --engine-arg attn=fi --engine-arg cuda_graph_max_bs=0 --engine-arg overlap=off --name final_latency_fi_eager_$(GPU_TAG)
 	for w in offline latency; do PYTHONPATH=$(CURDIR)/.peers/minisgl:$(CURDIR) $(GPU_PY) scripts/bench_peer.py --engine mini-sglang --workload $$w --model $(GPU_MODEL) --out benchmarks/results/$(GPU_TAG) --name peer_minisgl_$${w}_$(GPU_TAG) || exit 1; done
 	bash scripts/bench_final_online.sh $(GPU_MODEL) benchmarks/results/$(GPU_TAG) final_online_$(GPU_TAG)
+	PYTHONPATH=$(CURDIR)/.peers/minisgl:$(CURDIR) $(GPU_PY) scripts/bench_server_online.py --engine mini-sglang --model $(GPU_MODEL) --out-dir benchmarks/results/$(GPU_TAG) --name peer_minisgl_online_$(GPU_TAG) --rates 8,32,inf --port 19290
 	$(MAKE) --no-print-directory bench-ladder GPU_PY=$(GPU_PY) GPU_TAG=$(GPU_TAG)
 	$(GPU_PY) scripts/render_results.py
 	$(GPU_PY) scripts/render_profile.py

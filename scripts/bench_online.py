@@ -17,7 +17,14 @@ them all at once). Each request streams from /v1/completions. Per rate we measur
 
 and write one JSON result per rate into --out-dir (benchmarks/README.md's schema), named
 `<name>_rate<R>`; `name` defaults to final_online_<device>. One warm-up request precedes each rate
-and is not counted.
+and is not counted. A result carries $BENCH_RUN_ID as its `run_id`, as stages.common.bench's do.
+
+Mini-SGLang's server (scripts/bench_online_server.sh) takes neither token ids nor /v1/completions:
+its /v1/chat/completions accepts a plain-text `prompt` (its own extension: no chat template) and
+streams `delta.content` chunks without usage. `--api chat` speaks that form, and
+`--prompt-text MODEL_DIR` sends every prompt as text that MODEL_DIR's tokenizer encodes to exactly
+as many tokens as the workload's prompt (one space-led word token per id), checked before sending.
+Both engines of a comparison get the same text, so each tokenizes the same prompts.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import argparse
 import asyncio
 import json
 import math
+import os
+import re
 import statistics
 import sys
 import time
@@ -43,6 +52,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stages.common import hardware, workloads  # noqa: E402
+
+RUN_ID_ENV = "BENCH_RUN_ID"  # the same variable as stages.common.bench
+APIS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 @dataclass
@@ -70,17 +82,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+def chunk_text(chunk: dict[str, Any]) -> str:
+    """The text of one streamed chunk: `text` for completions, `delta.content` for chat."""
+    choice = chunk["choices"][0]
+    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+
+
 async def send(
-    http: httpx.AsyncClient, url: str, model: str, item: workloads.WorkItem, record: Record
-) -> None:
+    http: httpx.AsyncClient, url: str, model: str, item: workloads.WorkItem, record: Record,
+    api: str = "completions", prompt: str | list[int] | None = None,
+) -> None:  # fmt: skip
     body = {
-        "model": model, "prompt": item.prompt_ids, "max_tokens": item.params.max_tokens,
-        "temperature": item.params.temperature, "ignore_eos": item.params.ignore_eos, "stream": True,
-        "stream_options": {"include_usage": True},
+        "model": model, "prompt": item.prompt_ids if prompt is None else prompt,
+        "max_tokens": item.params.max_tokens, "temperature": item.params.temperature,
+        "ignore_eos": item.params.ignore_eos, "stream": True, "stream_options": {"include_usage": True},
     }  # fmt: skip
+    token_chunks = 0  # a server without usage (Mini-SGLang) sends one chunk per token
     record.sent = time.perf_counter()
     try:
-        async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
+        async with http.stream("POST", f"{url}{APIS[api]}", json=body) as response:
             if response.status_code != 200:
                 record.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return
@@ -93,27 +113,59 @@ async def send(
                     return
                 if chunk.get("usage"):
                     record.completion_tokens = chunk["usage"]["completion_tokens"]
-                if chunk["choices"] and chunk["choices"][0]["text"]:
+                if not chunk["choices"]:
+                    continue
+                if chunk["choices"][0].get("finish_reason") is None:
+                    token_chunks += 1
+                if chunk_text(chunk):
                     record.chunk_times.append(time.perf_counter())
     except httpx.HTTPError as err:
         record.error = f"{type(err).__name__}: {err}"
+    if not record.completion_tokens:
+        record.completion_tokens = token_chunks
     if not record.chunk_times and record.error is None:
         record.error = "no token streamed"
 
 
-async def run_rate(url: str, model: str, load: workloads.Workload) -> tuple[list[Record], float]:
+def word_tokens(tokenizer: Any) -> list[str]:
+    """Words that the tokenizer encodes, space-led, as one token each: text built of them has
+    exactly one token per word (a byte-level BPE splits before each space-led word)."""
+    found = []
+    for piece, token_id in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+        if re.fullmatch("\u0120[a-z]+", piece) and tokenizer.encode(" " + piece[1:]) == [token_id]:
+            found.append(piece[1:])
+    if not found:
+        raise SystemExit("--prompt-text: this tokenizer has no space-led word tokens to build prompts of")
+    return found
+
+
+def text_prompts(tokenizer: Any, items: list[workloads.WorkItem]) -> list[str]:
+    """Each prompt as text of exactly its number of tokens under `tokenizer` (checked)."""
+    words = word_tokens(tokenizer)
+    texts = ["".join(" " + words[i % len(words)] for i in item.prompt_ids) for item in items]
+    for text, item in zip(texts, items, strict=True):
+        got = len(tokenizer.encode(text))
+        if got != len(item.prompt_ids):
+            raise SystemExit(f"--prompt-text: a {len(item.prompt_ids)}-token prompt encodes to {got} tokens")
+    return texts
+
+
+async def run_rate(
+    url: str, model: str, load: workloads.Workload, api: str = "completions",
+    prompts: list[str] | None = None,
+) -> tuple[list[Record], float]:  # fmt: skip
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    texts: list[str | None] = list(prompts) if prompts is not None else [None] * len(load.items)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as http:
-        warm = load.items[0]
-        await send(http, url, model, warm, Record())
+        await send(http, url, model, load.items[0], Record(), api, texts[0])  # warm-up
         records = [Record() for _ in load.items]
         start = time.perf_counter()
 
-        async def at(item: workloads.WorkItem, record: Record) -> None:
+        async def at(item: workloads.WorkItem, record: Record, text: str | None) -> None:
             await asyncio.sleep(max(0.0, start + item.arrival_s - time.perf_counter()))
-            await send(http, url, model, item, record)
+            await send(http, url, model, item, record, api, text)
 
-        await asyncio.gather(*(at(it, r) for it, r in zip(load.items, records, strict=True)))
+        await asyncio.gather(*(at(*job) for job in zip(load.items, records, texts, strict=True)))
         return records, time.perf_counter() - start
 
 
@@ -175,7 +227,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--name", default=None, help="result name prefix (default: final_online_<device>)")
     p.add_argument("--stage", default="final", help="the `stage` recorded in the results")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--api", default="completions", choices=sorted(APIS),
+        help="completions: /v1/completions; chat: /v1/chat/completions with a text `prompt` (Mini-SGLang)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prompt-text", type=Path, default=None, metavar="MODEL_DIR",
+        help="send prompts as text of the same token counts under this folder's tokenizer",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    if args.api == "chat" and args.prompt_text is None:
+        p.error("--api chat sends text prompts: give --prompt-text MODEL_DIR")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     device = (info["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "-")
     name = args.name or f"final_online_{device}"
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = None
+    if args.prompt_text is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(args.prompt_text))
     status = 0
     for rate in rates:
         wanted = args.num_requests or workloads.scaled(256, args.scale)
@@ -195,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             rate, vocab, args.seed, args.scale, num_requests=math.ceil(wanted / args.scale)
         )
         load.items = load.items[:wanted]
-        records, duration = asyncio.run(run_rate(args.url, model, load))
+        prompts = text_prompts(tokenizer, load.items) if tokenizer is not None else None
+        records, duration = asyncio.run(run_rate(args.url, model, load, args.api, prompts))
         metrics = summarize(records, duration)
         failures = [r.error for r in records if r.error]
         result: dict[str, Any] = {
@@ -209,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 "num_requests": len(load.items),
                 "seed": args.seed,
                 "model": model,
+                "api": args.api,
+                "prompt": "text" if tokenizer is not None else "ids",
                 **{k: v for k, v in load.settings.items() if k != "rate"},
             },  # fmt: skip
             "hardware": info,
@@ -217,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             + " ".join(["scripts/bench_online.py", *(argv if argv is not None else sys.argv[1:])]),
             "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
+        if os.environ.get(RUN_ID_ENV):
+            result["run_id"] = os.environ[RUN_ID_ENV]
         path = args.out_dir / f"{result['name']}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(

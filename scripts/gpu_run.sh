@@ -36,6 +36,12 @@
 #                 0.6B and 8B shapes (needs ckpt and ckpt-8b)
 #   peers         Mini-SGLang (source in .peers/minisgl, see shared/peers) on our offline and batch-1
 #                 workloads, as results (scripts/bench_peer.py); run it in the call of bench-final
+#   bench-final-online  final/'s OpenAI server under Poisson arrivals at ONLINE_RATES (default
+#                 8,32,inf requests/s): TTFT, ITL, throughput per rate (scripts/bench_server_online.py),
+#                 into final_online_<gpu>_rate<R>.json
+#   peers-online  the same against Mini-SGLang's server (python -m minisgl from .peers/minisgl; fi,
+#                 page size 1, graphs to 256), into peer_minisgl_online_<gpu>_rate<R>.json; run it in
+#                 the call of bench-final-online: the Performance page pairs them by rate and run id
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
 #   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
 #   ladder        the results page's ladder: offline workload, every stage, final/, Mini-SGLang, Nano-vLLM
@@ -153,6 +159,14 @@ run_step() {
       for w in offline latency; do
         PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_peer.py --engine mini-sglang --workload $w --model $ckpt --out $results --name peer_minisgl_${w}_$gpu
       done
+      ;;
+    bench-final-online)
+      $py scripts/bench_server_online.py --engine final --model $ckpt --out-dir $results \
+        --name final_online_$gpu --rates "${ONLINE_RATES:-8,32,inf}" --port 19190
+      ;;
+    peers-online)  # with bench-final-online in the same call, at the same rates
+      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_server_online.py --engine mini-sglang \
+        --model $ckpt --out-dir $results --name peer_minisgl_online_$gpu --rates "${ONLINE_RATES:-8,32,inf}" --port 19290
       ;;
     bench-ch04)
       ch04() { bench --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 "$@"; }

@@ -6,7 +6,8 @@ result files): the lent machines differ from call to call. So, per GPU and per m
 a full-scale result of `final` and one of `mini-sglang` (scripts/bench_peer.py writes those) that
 share a `run_id`, the newest such pair winning. Runs with a feature switched off (no CUDA graphs,
 overlap off) or tensor parallelism are ablations, not the engine as it serves: they never pair.
-Every row says "next GPU run" until its pair exists.
+Every row says "next GPU run" until its pair exists. The online workload (scripts/bench_server_online.py)
+pairs per rate as well: its rows appear once a call has measured both servers at that rate.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Measure:
     goal_on: tuple[str, ...]  # the GPUs the goal is set for
     min_speedup: float | None = None  # the goal as final/'s speed-up over Mini-SGLang
     max_ms: float | None = None  # the goal as a step time final/ must not exceed
+    rate: str | None = None  # the online workload's request rate (its results' config["rate"])
 
     def goal(self, device: str) -> str:
         if device not in self.goal_on:
@@ -51,6 +53,25 @@ class Measure:
 MEASURES = (
     Measure("offline", "output_tok_per_s", "offline (tok/s)", True, GOAL_DEVICES, min_speedup=1.15),
     Measure("latency", "decode_step_ms", "batch-1 step (ms)", False, ("H200",), max_ms=1.5),
+)
+
+# Issue 12's online goal: TTFT and ITL p50/p99 no worse than Mini-SGLang's server at the same rate
+# (a speed-up of at least 1, the times being lower-is-better), at the rates gpu_run.sh measures.
+ONLINE_RATES = ("8", "32", "inf")
+ONLINE_METRICS = (("ttft_ms_p50", "TTFT p50"), ("ttft_ms_p99", "TTFT p99"),
+                  ("itl_ms_p50", "ITL p50"), ("itl_ms_p99", "ITL p99"))  # fmt: skip
+ONLINE_MEASURES = tuple(
+    Measure(
+        "online",
+        metric,
+        f"online {rate} req/s, {title} (ms)",
+        False,
+        GOAL_DEVICES,
+        min_speedup=1.0,
+        rate=rate,
+    )
+    for rate in ONLINE_RATES
+    for metric, title in ONLINE_METRICS
 )
 
 
@@ -76,6 +97,7 @@ def usable(results: list[Result], measure: Measure, stage: str, device: str) -> 
         and device_of(r) == device
         and r.run_id is not None
         and as_served(r)
+        and (measure.rate is None or str(r.config.get("rate")) == measure.rate)
     ]
 
 
@@ -116,7 +138,8 @@ def render(results: list[Result]) -> str:
             "| Measure | final/ | Mini-SGLang | speed-up | Goal | Results (settings of final/) |",
             "| --- | ---: | ---: | ---: | --- | --- |",
         ]
-        for measure in MEASURES:
+        online = [m for m in ONLINE_MEASURES if pair(results, m, device) is not None]
+        for measure in (*MEASURES, *online):
             found = pair(results, measure, device)
             goal = measure.goal(device)
             if found is None:
@@ -129,7 +152,8 @@ def render(results: list[Result]) -> str:
             settings = ", ".join(f"{k}={format_value(ours.config[k])}" for k in SETTINGS if k in ours.config)
             out.append(
                 f"| {measure.title} | {format_metric(a)} | {format_metric(b)} | {ratio:.2f}× | "
-                f"{goal}{': ' + met if met else ''} | `{ours.name}` ({settings}), `{theirs.name}` |"
+                f"{goal}{': ' + met if met else ''} | `{ours.name}`{f' ({settings})' if settings else ''}, "
+                f"`{theirs.name}` |"
             )
         out.append("")
     out += [
