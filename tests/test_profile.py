@@ -125,7 +125,7 @@ def test_the_script_profiles_stage06_steps_with_overlap_off_and_on(tmp_path, tin
     (tmp_path / "p.json").rename(root / "benchmarks/profiles/cpu/p.json")
     render_profile.write_all(root)
     text = (root / render_profile.FRAGMENTS["06_overlap"]).read_text()
-    assert "(../assets/profiles/cpu_p.png)" in text and "overlap on: 3 steps in" in text
+    assert "(../assets/profiles/cpu_p.png)" in text and "overlap on: 3 steps done in" in text
     assert "No decode-step profile yet" in (root / render_profile.FRAGMENT).read_text()
     assert render_profile.stale_files(root) == []
 
@@ -198,8 +198,8 @@ def test_the_script_profiles_final_as_served_and_with_graphs_and_overlap_off(
     render_profile.write_all(root)
     text = (root / render_profile.FRAGMENTS["final"]).read_text()
     assert "(../assets/profiles/cpu_p.png)" in text
-    served_ms = data["modes"]["served"]["step_ms"]
-    assert f"- as served, CUDA graphs and overlap on: 3 steps in {served_ms:.2f} ms" in text
+    served_ms = render_profile.steps_done_ms(data["modes"]["served"])
+    assert f"- as served, CUDA graphs and overlap on: 3 steps done in {served_ms:.2f} ms" in text
     assert "No overlap profile yet" in (root / render_profile.FRAGMENTS["06_overlap"]).read_text()
     assert (root / "docs/assets/profiles/cpu_p.png").stat().st_size > 10_000
     assert render_profile.stale_files(root) == []
@@ -385,3 +385,14 @@ def test_a_profile_without_kernels_renders_as_before():
         "- as served, CUDA graphs and overlap on: step 0.10 ms; GPU busy 0.05 ms (50%); 3 launches, 3 kernels.\n\nMeasured"
         in text
     )
+
+
+def test_a_run_of_steps_is_done_when_the_gpu_is():
+    """Overlapped, the host leaves its window while the GPU still runs the last step: the run is
+    timed to the later of the two (stage 06 on the H200: window 47.87 ms, GPU done at 53.18 ms)."""
+    overlapped = {"step_ms": 47.87, "gpu_busy_ms": 42.07, "gpu_idle_ms": 11.11}
+    serial = {"step_ms": 77.45, "gpu_busy_ms": 42.05, "gpu_idle_ms": 34.69}
+    assert render_profile.steps_done_ms(overlapped) == pytest.approx(53.18)
+    assert render_profile.steps_done_ms(serial) == pytest.approx(77.45)
+    line = render_profile.summary(overlapped, steps=8)
+    assert line.startswith("8 steps done in 53.18 ms (6.65 ms a step; the host's window 47.87 ms)")
