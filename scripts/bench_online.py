@@ -19,7 +19,7 @@ and write one JSON result per rate into --out-dir (benchmarks/README.md's schema
 `<name>_rate<R>`; `name` defaults to final_online_<device>. One warm-up request precedes each rate
 and is not counted. A result carries $BENCH_RUN_ID as its `run_id`, as stages.common.bench's do.
 
-Mini-SGLang's server (scripts/bench_online_server.sh) takes neither token ids nor /v1/completions:
+Mini-SGLang's server (scripts/bench_server_online.py) takes neither token ids nor /v1/completions:
 its /v1/chat/completions accepts a plain-text `prompt` (its own extension: no chat template) and
 streams `delta.content` chunks without usage. `--api chat` speaks that form, and
 `--prompt-text MODEL_DIR` sends every prompt as text that MODEL_DIR's tokenizer encodes to exactly
@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import re
 import statistics
 import sys
@@ -52,8 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stages.common import hardware, workloads  # noqa: E402
+from stages.common.bench import stamp_run_id  # noqa: E402
 
-RUN_ID_ENV = "BENCH_RUN_ID"  # the same variable as stages.common.bench
 APIS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
@@ -288,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             + " ".join(["scripts/bench_online.py", *(argv if argv is not None else sys.argv[1:])]),
             "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
-        if os.environ.get(RUN_ID_ENV):
-            result["run_id"] = os.environ[RUN_ID_ENV]
+        stamp_run_id(result)
         path = args.out_dir / f"{result['name']}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -43,8 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Before this script's own folder, whose stages.py would shadow the stages package.
 sys.path.insert(0, str(ROOT))
 
+from stages.common.bench import stamp_run_id  # noqa: E402
+
 PEERS = {"mini-sglang": "minisgl", "nano-vllm": "nanovllm"}
-RUN_ID_ENV = "BENCH_RUN_ID"  # the same variable as stages.common.bench
 
 
 def peer_requests(model: Path, seed: int, scale: float) -> tuple[list[list[int]], list[int], float]:
@@ -185,9 +185,7 @@ def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str,
     }
     if len(runs) > 1:
         result["runs"] = [run["metrics"] for run in runs]
-    if os.environ.get(RUN_ID_ENV):
-        result["run_id"] = os.environ[RUN_ID_ENV]
-    return result
+    return stamp_run_id(result)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -37,7 +37,6 @@ except ImportError:  # the GPU host's offline kit ships httpx2 (see bench_online
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ("final", "mini-sglang")
-STAGES = {"final": "final", "mini-sglang": "mini-sglang"}  # the `stage` in the results
 APIS = {"final": "completions", "mini-sglang": "chat"}
 
 
@@ -63,7 +62,7 @@ def bench_command(args: argparse.Namespace, url: str, python: str = sys.executab
     return [
         python, str(ROOT / "scripts" / "bench_online.py"), "--url", url, "--rates", args.rates,
         "--scale", str(args.scale), "--out-dir", str(args.out_dir), "--name", args.name,
-        "--stage", STAGES[args.engine], "--api", APIS[args.engine], "--prompt-text", str(args.model),
+        "--stage", args.engine, "--api", APIS[args.engine], "--prompt-text", str(args.model),
     ]  # fmt: skip
 
 

@@ -53,6 +53,14 @@ SHARING_WORKLOADS = ("shared-prefix", "no-sharing")
 RUN_ID_ENV = "BENCH_RUN_ID"
 
 
+def stamp_run_id(result: dict[str, Any]) -> dict[str, Any]:
+    """Give a result the device call's id ($BENCH_RUN_ID, which scripts/gpu_run.sh sets), so that
+    results measured side by side pair up. Every script that writes results calls this."""
+    if os.environ.get(RUN_ID_ENV):
+        result["run_id"] = os.environ[RUN_ID_ENV]
+    return result
+
+
 class StepEngine(Protocol):
     def add_request(self, prompt: list[int], params: SamplingParams) -> int: ...
     def step(self) -> list[tuple[int, RequestOutput]]: ...
@@ -494,9 +502,7 @@ def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str,
     }
     if len(runs) > 1:  # every run's metrics, so the docs can show the spread behind a median
         result["runs"] = [run["metrics"] for run in runs]
-    if os.environ.get(RUN_ID_ENV):  # results of one device call share it (scripts/gpu_run.sh sets it)
-        result["run_id"] = os.environ[RUN_ID_ENV]
-    return result
+    return stamp_run_id(result)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
