@@ -5,19 +5,17 @@ share the GPU (the pytest process and the server subprocesses)."""
 
 from __future__ import annotations
 
-import gc
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import final
 from final.core.sampling_params import SamplingParams
 from scripts.render_results import parse_result
-from tests.fixtures.gpu_compare import assert_agree_until_near_tie
+from tests.fixtures.gpu_compare import assert_agree_until_near_tie, free_gpu_memory
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.test_final_server import USER, Server
 
@@ -61,8 +59,7 @@ def test_flashinfer_matches_torch(gpu_model_dir, attn, page_size):
         )
         assert_pool_is_whole(llm)
         del llm
-        gc.collect()  # the engine's objects refer to each other: free the GPU memory now
-        torch.cuda.empty_cache()
+        free_gpu_memory()
     # Tokens may part only at a near-tie of the reference (on an H200, bf16 torch eager and fi both
     # took 322 where the graphed torch decode and float32 took 381, logprobs within 0.054).
     compared = assert_agree_until_near_tie(outs[attn], outs["torch"], vocab, atol=0.1)
@@ -78,8 +75,7 @@ def test_flashinfer_on_qwen3_06b_shape(qwen3_06b_dir):
         outs[attn] = llm.generate(prompts, params)
         assert_pool_is_whole(llm)
         del llm
-        gc.collect()  # the engine's objects refer to each other: free the GPU memory now
-        torch.cuda.empty_cache()
+        free_gpu_memory()
     for ref, fi in zip(outs["torch"], outs["fi"], strict=True):
         assert len(fi.token_ids) == 24 and fi.finish_reason == "length"
         # Random weights give nearly flat distributions: compare the distributions, not argmaxes.

@@ -5,7 +5,6 @@ graphs' memory inside the --memory-ratio budget."""
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
 
 import pytest
@@ -17,7 +16,7 @@ from final.core.sampling_params import SamplingParams
 from final.engine.graph import capture_sizes
 from final.models import fused
 from final.models.rope import RotaryEmbedding
-from tests.fixtures.gpu_compare import assert_agree_until_near_tie
+from tests.fixtures.gpu_compare import assert_agree_until_near_tie, free_gpu_memory
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 
 pytestmark = pytest.mark.gpu
@@ -106,13 +105,6 @@ def run(llm: final.LLM, prompts, params, arrivals, aborts) -> list:
     return [outputs.get(i) for i in range(len(prompts))]
 
 
-def release() -> None:
-    """Free the GPU memory of an engine the caller has just `del`-ed: a name bound in the caller
-    keeps it alive (passing it here would not), and its objects refer to each other (gc)."""
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 @pytest.mark.parametrize("attn", ["fi", "torch", "torch,fi"])
 def test_graph_replay_equals_eager(gpu_model_dir, attn):
     """Every captured size up to 16 replays (batches of 1..16 requests, so 3 replays as 4, 9 as
@@ -133,7 +125,7 @@ def test_graph_replay_equals_eager(gpu_model_dir, attn):
         assert llm.core.scheduler.num_preemptions > 0, "the pool is meant to run dry"
         vocab = llm.config.vocab_size
         del llm
-        release()
+        free_gpu_memory()
     assert set(replays) == set(capture_sizes(16)), f"replayed sizes {sorted(replays)}"
     pairs = [(g, e) for g, e in zip(outs[16], outs[0], strict=True) if e is not None]
     assert all(g is not None for g, _ in pairs)
@@ -158,7 +150,7 @@ def test_graphs_fit_inside_the_memory_ratio(gpu_model_dir):
             # (1 - ratio) of the card (the caching allocator's slack aside).
             assert free >= (1 - ratio) * total - (512 << 20), f"{free >> 20} MiB free of {total >> 20}"
         del llm
-        release()
+        free_gpu_memory()
     assert sizes[256] < sizes[0], "the graphs' memory was not subtracted from the KV cache"
 
 
@@ -181,7 +173,7 @@ def test_overlap_equals_no_overlap_on_gpu(gpu_model_dir, attn):
         assert not llm.core.scheduler.retiring
         vocab = llm.config.vocab_size
         del llm
-        release()
+        free_gpu_memory()
     pairs = [
         (on, off)
         for on, off in zip(outs["on"], outs["off"], strict=True)

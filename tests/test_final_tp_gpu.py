@@ -10,13 +10,11 @@ bound, leaving no process behind.
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import time
 
 import pytest
-import torch
 
 import final
 from final.core.config import EngineConfig
@@ -24,7 +22,7 @@ from final.core.sampling_params import SamplingParams
 from final.engine.process import ENGINE_FAILED_EXIT, launch_engine
 from final.engine.ranks import GRACE_S
 from final.frontend.client import ENGINE_GONE, SyncEngineClient
-from tests.fixtures.gpu_compare import assert_agree_until_near_tie
+from tests.fixtures.gpu_compare import assert_agree_until_near_tie, free_gpu_memory
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.fixtures.tp import QWEN3_06B_VOCAB, assert_tp_matches_tp1_on_qwen3_06b_shape, tp_degrees
 from tests.test_final_tp import rank_processes, wait_until_gone
@@ -50,8 +48,7 @@ def run(model_dir, tp: int, prompts, params):
     finally:
         llm.close()
         del llm
-        gc.collect()  # the engine's objects refer to each other: free the GPU memory now
-        torch.cuda.empty_cache()
+        free_gpu_memory()
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,13 @@ step, tokens equal until a near-tie.
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
 
 import pytest
 import torch
 
 from stages.common.sampling import SamplingParams
-from tests.fixtures.gpu_compare import assert_agree_until_near_tie
+from tests.fixtures.gpu_compare import assert_agree_until_near_tie, free_gpu_memory
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.stage_list import load
 
@@ -77,13 +76,6 @@ def run_steps(llm, prompts, params, arrivals) -> list:
     return [outputs[i] for i in range(len(prompts))]
 
 
-def release() -> None:
-    """Free the GPU memory of an engine the caller has just `del`-ed: a name bound in the caller
-    keeps it alive (passing it here would not), and its objects refer to each other (gc)."""
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 @pytest.mark.parametrize("attn", ["fi", "torch", "torch,fi"])
 def test_graph_replay_equals_eager(gpu_model_dir, attn):
     prompts, arrivals = workload(gpu_model_dir)
@@ -99,7 +91,7 @@ def test_graph_replay_equals_eager(gpu_model_dir, attn):
         assert llm.scheduler.num_preemptions > 0, "the pool is meant to run dry"
         assert max(o.cached_tokens for o in outs[graphs]) >= 48, "the shared head should hit the radix cache"
         del llm
-        release()
+        free_gpu_memory()
     assert set(replays) == set(graph.capture_sizes(16)), f"replayed sizes {sorted(replays)}"
     # bf16: a padded graph step sums in another order than eager (measured up to 0.0502 on an H200)
     compared = assert_agree_until_near_tie(outs[16], outs[0], vocab, atol=0.1)
@@ -117,7 +109,7 @@ def test_batches_above_the_largest_graph_run_eagerly(gpu_model_dir):
             replays = count_replays(llm)
         outs[graphs] = run_steps(llm, prompts, params, [0, 0, 0, 0, 0, 0, 3, 6])
         del llm
-        release()
+        free_gpu_memory()
     # Six and more requests decode eagerly; the last ones, alone at the end, replay the graphs.
     assert replays and set(replays) <= {1, 2, 4}
     assert assert_agree_until_near_tie(outs[4], outs[0], vocab, atol=0.05) >= 4 * len(prompts)
@@ -141,6 +133,6 @@ def test_graphs_fit_inside_the_memory_ratio(qwen3_06b_dir):
             assert llm.runner.graphs is not None and llm.runner.graphs.max_batch == 256
             assert free >= (1 - ratio) * total - (128 << 20), f"{free >> 20} MiB free of {total >> 20}"
         del llm
-        release()
+        free_gpu_memory()
     reserved = (pages[0] - pages[256]) * page_bytes
     assert reserved > 256 << 20, f"the KV cache gave up only {reserved >> 20} MiB for the graphs"

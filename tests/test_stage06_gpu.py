@@ -14,13 +14,11 @@ and CUDA graphs, and a check that the launch path never waits for the GPU.
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
 from stages.common.sampling import SamplingParams
-from tests.fixtures.gpu_compare import assert_agree_until_near_tie
+from tests.fixtures.gpu_compare import assert_agree_until_near_tie, free_gpu_memory
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.stage_list import load
 
@@ -39,13 +37,6 @@ def engine(model_dir, attn: str, overlap: bool, **kwargs):
     return stage06.LLM(str(model_dir), device="cuda", dtype="bfloat16", attn=attn, disable_overlap=not overlap,
                        **{"page_size": 16, "num_pages": 40, "max_prefill_length": 40, "cuda_graph_max_bs": 16,
                           **kwargs})  # fmt: skip
-
-
-def release() -> None:
-    """Free the GPU memory of an engine the caller has just `del`-ed: a name bound in the caller
-    keeps it alive (passing it here would not), and its objects refer to each other (gc)."""
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def workload(model_dir, vocab: int):
@@ -120,7 +111,7 @@ def test_overlap_on_equals_off(gpu_model_dir, attn):
         assert max(o.cached_tokens for o in outs[overlap] if o) >= 48, "the shared head should hit the cache"
         assert_pool_at_baseline(llm)
         del llm
-        release()
+        free_gpu_memory()
     kept = [i for i, o in enumerate(outs[False]) if o is not None]
     assert [i for i, o in enumerate(outs[True]) if o is not None] == kept
     compared = assert_agree_until_near_tie([outs[True][i] for i in kept], [outs[False][i] for i in kept], vocab,
@@ -167,5 +158,5 @@ def test_an_overlapped_step_does_not_wait_for_the_gpu(gpu_model_dir, kind):
             llm.step()
         assert_pool_at_baseline(llm)
         del llm
-        release()
+        free_gpu_memory()
     assert still_running == {False: False, True: True}

@@ -11,7 +11,6 @@ and within a bound, leaving no rank behind.
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import subprocess
@@ -19,10 +18,9 @@ import sys
 import time
 
 import pytest
-import torch
 
 from stages.common.sampling import SamplingParams
-from tests.fixtures.gpu_compare import assert_agree_until_near_tie
+from tests.fixtures.gpu_compare import assert_agree_until_near_tie, free_gpu_memory
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.fixtures.tp import QWEN3_06B_VOCAB, alive, assert_tp_matches_tp1_on_qwen3_06b_shape, tp_degrees
 from tests.stage_list import ROOT, load
@@ -76,8 +74,7 @@ def run(model_dir, tp: int, prompts, params, attn: str = "fi", arrivals: list[in
     finally:
         llm.close()
         del llm
-        gc.collect()  # the graphs' closures refer to the runner: free the GPU memory now
-        torch.cuda.empty_cache()
+        free_gpu_memory()
 
 
 @pytest.mark.parametrize("size", tp_degrees())
