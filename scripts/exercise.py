@@ -76,9 +76,10 @@ def find_stage(spec: str) -> Path:
 
 
 def slugify(title: str) -> str:
-    """The heading id mkdocs' toc extension gives (its default slugify, for plain ASCII titles)."""
-    text = re.sub(r"[^\w\s-]", "", title.replace("`", "")).strip().lower()
-    return re.sub(r"[-\s]+", "-", text)
+    """The heading id the site gives a chapter section: mkdocs' toc extension's own slugify."""
+    from markdown.extensions.toc import slugify as toc_slugify  # with mkdocs, in the venv
+
+    return toc_slugify(title, "-")
 
 
 def chapter_regions(stage: Path) -> tuple[Path, list[Region]]:
