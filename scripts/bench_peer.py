@@ -44,7 +44,10 @@ sys.path.insert(0, str(ROOT))
 
 from stages.common.bench import stamp_run_id  # noqa: E402
 
-PEERS = {"mini-sglang": "minisgl", "nano-vllm": "nanovllm"}
+# The engines this script drives through their offline API. `final` is ours, measured here by the
+# very method used for the peers (two timed calls for the decode step), so that a comparison of
+# final/ against a peer (scripts/bench_versus.py) is one method against itself.
+PEERS = {"mini-sglang": "minisgl", "nano-vllm": "nanovllm", "final": "final"}
 
 
 def peer_requests(model: Path, seed: int, scale: float) -> tuple[list[list[int]], list[int], float]:
@@ -92,7 +95,28 @@ def nanovllm_engine(model: Path, attn: str):
     return generate
 
 
-ENGINES = {"mini-sglang": minisgl_engine, "nano-vllm": nanovllm_engine}
+def final_engine(model: Path, attn: str):
+    import final
+
+    # As final/ serves: CUDA graphs and overlap on (their defaults on a GPU), page size 16 with fi
+    # (the size every GPU result of final/ uses), the attention backend asked for.
+    kwargs = {"attn": attn, "page_size": 16} if attn != "torch" else {"attn": "torch"}
+    llm = final.LLM(str(model), dtype="bfloat16" if _has_cuda() else "float32", **kwargs)
+
+    def generate(prompts: list[list[int]], outs: list[int], temperature: float) -> None:
+        params = [final.SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n) for n in outs]
+        llm.generate(prompts, params, progress=False)
+
+    return generate
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+ENGINES = {"mini-sglang": minisgl_engine, "nano-vllm": nanovllm_engine, "final": final_engine}
 
 
 def timed(fn, *args) -> float:
@@ -141,9 +165,13 @@ def child(args: argparse.Namespace) -> None:
         seconds = run_offline(generate, prompts, outs, temperature)
         metrics = {"output_tok_per_s": sum(outs) / seconds, "total_s": seconds, "requests": len(prompts),
                    "prompt_tokens": sum(map(len, prompts)), "output_tokens": sum(outs)}  # fmt: skip
+    import torch
+
+    cuda = torch.cuda.is_available()
     Path(args.child_out).write_text(
-        json.dumps({"metrics": metrics, "hardware": describe(), "versions": versions()})
-    )
+        json.dumps({"metrics": metrics, "hardware": describe(), "versions": versions(),
+                    "device": "cuda" if cuda else "cpu", "dtype": "bfloat16" if cuda else "float32"})
+    )  # fmt: skip
 
 
 def run_once(argv: list[str], repeat: int) -> dict[str, Any]:
@@ -168,8 +196,8 @@ def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str,
             "scale": args.scale,
             "seed": args.seed,
             "model": args.model.name,
-            "device": "cuda",
-            "dtype": "bfloat16",
+            "device": runs[0].get("device", "cuda"),
+            "dtype": runs[0].get("dtype", "bfloat16"),
             "attn": args.attn,
             "repeats": len(runs),
             **(

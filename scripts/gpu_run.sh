@@ -45,6 +45,10 @@
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
 #   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
 #   ladder        the results page's ladder: offline workload, every stage, final/, Mini-SGLang, Nano-vLLM
+#   versus        final/ against Mini-SGLang in one call, both measured by the same code: the offline
+#                 workload and the batch-1 decode step (VERSUS_REPEATS, default 3, alternating the
+#                 engines) and the kernel table of a decode step at batch 1 and 256, greedy and 0.6
+#                 (scripts/bench_versus.py), into versus_minisgl_<gpu>.json with every ratio
 #   host-step     the host's CPU time per decode step of final/, by phase, at batch 64 and 256 on this
 #                 host's CPU (scripts/bench_host_step.py: the GPU's parts stood in; the GPU is idle),
 #                 table in the log, JSON in logs/host_step.json: does the host set the pace?
@@ -191,6 +195,10 @@ run_step() {
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_peer.py --engine mini-sglang --model $ckpt --out $results --name ladder_minisgl_$gpu
       PYTHONPATH=$PWD/.peers/nanovllm:$PYTHONPATH $py scripts/bench_peer.py --engine nano-vllm --model $ckpt --out $results --name ladder_nanovllm_$gpu \
         || echo "Nano-vLLM did not run (it needs FlashAttention 2): its ladder row stays empty"
+      ;;
+    versus)
+      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_versus.py --model $ckpt --out $results \
+        --gpu $gpu --repeats "${VERSUS_REPEATS:-3}"
       ;;
     host-step) $py scripts/bench_host_step.py --steps 200 --json "$out/logs/host_step.json" ;;
     *) echo "unknown step $1"; return 2 ;;

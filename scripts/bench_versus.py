@@ -1,0 +1,186 @@
+"""final/ against Mini-SGLang in one device call: the offline workload, the batch-1 decode step and
+the kernel table of a decode step, both engines measured by the same code, into one JSON.
+
+    PYTHONPATH=.peers/minisgl:$PYTHONPATH python scripts/bench_versus.py \
+        --model checkpoints/qwen3-0.6b-random --out benchmarks/results/h200 --gpu h200 --repeats 3
+
+Each measurement runs in a fresh process (scripts/bench_peer.py for the offline workload and the
+batch-1 step, scripts/kernel_table.py for the kernels); the engines alternate, final/ then
+Mini-SGLang, repeat after repeat, so a drift of the machine falls on both. The figures are the
+medians over the repeats. The result, `versus_minisgl_<gpu>.json`, holds both engines' figures,
+every repeat, the commit, the call's run id and each ratio, written so that a ratio above 1 always
+means final/ is ahead (throughput: final / peer; step time: peer / final).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # before scripts/, whose stages.py would shadow the stages package
+
+from stages.common.bench import stamp_run_id  # noqa: E402
+
+ENGINES = ("final", "mini-sglang")
+# workload -> (metric, whether higher is better)
+MEASURES = {"offline": ("output_tok_per_s", True), "latency": ("decode_step_ms", False)}
+
+
+def run(cmd: list[str]) -> None:
+    print(f"[bench_versus] {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    code = subprocess.run(cmd, cwd=ROOT).returncode
+    if code != 0:
+        raise SystemExit(f"[bench_versus] failed (exit code {code}): {shlex.join(cmd)}")
+
+
+def peer_run(engine: str, workload: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """One fresh-process run of bench_peer.py; its result file's content."""
+    name = f"{engine}_{workload}".replace("-", "_")
+    cmd = [sys.executable, "scripts/bench_peer.py", "--engine", engine, "--workload", workload]
+    # --scale shrinks the offline workload only: the batch-1 step is a difference of two calls,
+    # which needs its full 128 tokens.
+    scale = args.scale if workload == "offline" else 1.0
+    cmd += ["--model", str(args.model), "--attn", args.attn, "--scale", str(scale)]
+    run(cmd + ["--out", str(tmp), "--name", name])
+    return json.loads((tmp / f"{name}.json").read_text())
+
+
+def ratio(final: float, peer: float, higher_is_better: bool) -> float:
+    """Above 1: final/ is ahead."""
+    return final / peer if higher_is_better else peer / final
+
+
+def assemble(
+    runs: dict[str, dict[str, list[dict[str, Any]]]], kernels: dict[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """The comparison from each engine's runs per workload and its kernel tables."""
+    out: dict[str, Any] = {}
+    for workload, (metric, higher) in MEASURES.items():
+        values = {
+            e: [r["metrics"][metric] for r in runs[e][workload]] for e in ENGINES if runs[e].get(workload)
+        }
+        if len(values) < 2:
+            continue
+        median = {e: statistics.median(v) for e, v in values.items()}
+        out[workload] = {
+            "metric": metric,
+            "final": median["final"],
+            "mini-sglang": median["mini-sglang"],
+            "ratio": ratio(median["final"], median["mini-sglang"], higher),
+            "runs": values,
+        }
+    tables = []
+    for mine in kernels.get("final", []):
+        theirs = next(
+            (
+                t
+                for t in kernels.get("mini-sglang", [])
+                if (t["batch"], t["temperature"]) == (mine["batch"], mine["temperature"])
+            ),
+            None,
+        )
+        row = {
+            "batch": mine["batch"],
+            "temperature": mine["temperature"],
+            "final": mine,
+            "mini-sglang": theirs,
+        }
+        if theirs is not None:
+            row["gpu_us_ratio"] = ratio(mine["gpu_us_per_step"], theirs["gpu_us_per_step"], False)
+        tables.append(row)
+    if tables:
+        out["kernels"] = tables
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument(
+        "--out", type=Path, required=True, help="results folder, e.g. benchmarks/results/h200"
+    )
+    parser.add_argument("--gpu", required=True, help="the GPU's tag in file names, e.g. h200")
+    parser.add_argument("--attn", default="fi")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scale", type=float, default=1.0, help="the workloads' scale (CPU smoke runs)")
+    parser.add_argument("--workloads", nargs="+", default=list(MEASURES), choices=list(MEASURES))
+    parser.add_argument(
+        "--kernel-batches", type=int, nargs="*", default=[1, 256], help="none: no kernel table"
+    )
+    parser.add_argument("--kernel-temperatures", type=float, nargs="+", default=[0.0, 0.6])
+    args = parser.parse_args(argv)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {e: {w: [] for w in args.workloads} for e in ENGINES}
+    kernels: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        for _ in range(args.repeats):
+            for workload in args.workloads:
+                for engine in ENGINES:  # alternating: a drift of the machine falls on both
+                    runs[engine][workload].append(peer_run(engine, workload, args, tmp))
+        if args.kernel_batches:
+            for engine in ENGINES:
+                path = tmp / f"kernels_{engine}.json"
+                cmd = [
+                    sys.executable,
+                    "scripts/kernel_table.py",
+                    "--engine",
+                    engine,
+                    "--model",
+                    str(args.model),
+                ]
+                cmd += ["--attn", args.attn, "--batch", *map(str, args.kernel_batches)]
+                cmd += ["--temperature", *map(str, args.kernel_temperatures), "--json", str(path)]
+                run(cmd)
+                kernels[engine] = json.loads(path.read_text())
+    first = next(r for e in ENGINES for w in args.workloads for r in runs[e][w])
+    result: dict[str, Any] = {
+        "name": f"versus_minisgl_{args.gpu}",
+        "stage": "versus",
+        "workload": "versus",
+        "config": {
+            "model": args.model.name,
+            "attn": args.attn,
+            "repeats": args.repeats,
+            "scale": args.scale,
+            "final_page_size": 16,
+            "minisgl_page_size": 1,
+        },  # fmt: skip
+        "hardware": first["hardware"],
+        "versions": first["versions"],
+        "command": shlex.join(["python", "scripts/bench_versus.py", *argv]),
+        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **assemble(runs, kernels),
+    }
+    stamp_run_id(result)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{result['name']}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    for workload in args.workloads:
+        if workload in result:
+            r = result[workload]
+            print(
+                f"[bench_versus] {workload}: final {r['final']:.4g}, Mini-SGLang {r['mini-sglang']:.4g}, ratio {r['ratio']:.3f}"
+            )
+    for row in result.get("kernels", []):
+        theirs = row["mini-sglang"] or {}
+        print(
+            f"[bench_versus] kernels b{row['batch']} t{row['temperature']}: final {row['final']['gpu_us_per_step']} us, "
+            f"Mini-SGLang {theirs.get('gpu_us_per_step')} us"
+        )
+    print(f"[bench_versus] -> {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The GPU kernels of one decode step of final/ or a peer engine, per kernel and per category.
+
+    python scripts/kernel_table.py --engine final --batch 1 256 --temperature 0 0.6 --json out.json
+    PYTHONPATH=.peers/minisgl:$PYTHONPATH python scripts/kernel_table.py --engine mini-sglang ...
+
+A decode step cannot be cut out of an engine's offline call from the outside, so it is measured
+as a difference: the same prompts (`batch` of them, 512 random tokens each, already in the prefix
+cache after a warm-up) asked for 1 token and for 1 + `steps` tokens under torch.profiler. The
+prefill and the per-call work cancel; what is left, divided by `steps`, is one decode step:
+kernel launches and GPU microseconds per kernel name, grouped by scripts/kernel_breakdown.py's
+categories. The engines run through their public offline APIs (scripts/bench_peer.py builds
+them), so both are measured by the same code. This is ../shared/peers/kernel_diff.py made a
+project script: JSON out, the engines built in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # before scripts/, whose stages.py would shadow the stages package
+
+from scripts import kernel_breakdown as kb  # noqa: E402
+from scripts.bench_peer import ENGINES  # noqa: E402
+
+PROMPT_TOKENS = 512
+TOP_KERNELS = 30
+
+
+def step_table(
+    kernels_1: dict[str, tuple[int, float]], kernels_n: dict[str, tuple[int, float]], steps: int
+) -> dict[str, Any]:
+    """One decode step from two profiles, {kernel name: (launches, GPU µs)} of a 1-token call and
+    of a (1 + steps)-token call: the difference per step, per kernel and per category."""
+    rows = []
+    for name, (count, us) in kernels_n.items():
+        count_1, us_1 = kernels_1.get(name, (0, 0.0))
+        rows.append((name, (count - count_1) / steps, (us - us_1) / steps))
+    rows.sort(key=lambda row: -row[2])
+    by_category: collections.Counter[str] = collections.Counter()
+    for name, _, us in rows:
+        by_category[kb.category(kb.short_name(name)[1])] += us
+    return {
+        "kernels_per_step": round(sum(row[1] for row in rows), 1),
+        "gpu_us_per_step": round(sum(row[2] for row in rows), 1),
+        "by_category_us": {cat: round(us, 1) for cat, us in by_category.most_common()},
+        "top": [[kb.short_name(name)[0], round(n, 2), round(us, 1)] for name, n, us in rows[:TOP_KERNELS]],
+    }
+
+
+def profile_call(
+    generate, prompts: list[list[int]], tokens: int, temperature: float
+) -> dict[str, tuple[int, float]]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        generate(prompts, [tokens] * len(prompts), temperature)
+        torch.cuda.synchronize()
+    counts: collections.Counter[str] = collections.Counter()
+    micros: collections.Counter[str] = collections.Counter()
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            counts[event.name] += 1
+            micros[event.name] += event.device_time
+    return {name: (counts[name], micros[name]) for name in counts}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--engine", required=True, choices=sorted(ENGINES))
+    parser.add_argument("--model", type=Path, default=ROOT / "checkpoints/qwen3-0.6b-random")
+    parser.add_argument("--attn", default="fi")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
+    parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.6])
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--json", type=Path, required=True, help="where the tables go (a JSON list)")
+    args = parser.parse_args(argv)
+    generate = ENGINES[args.engine](args.model, args.attn)
+    vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
+    rng = random.Random(0)
+    tables = []
+    for batch in args.batch:
+        prompts = [[rng.randrange(3, vocab - 1) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
+        for temperature in args.temperature:
+            generate(prompts, [4] * batch, temperature)  # warm-up; the prompts enter the prefix cache
+            one = profile_call(generate, prompts, 1, temperature)
+            many = profile_call(generate, prompts, 1 + args.steps, temperature)
+            table = {"engine": args.engine, "batch": batch, "temperature": temperature, "steps": args.steps}
+            table |= step_table(one, many, args.steps)
+            tables.append(table)
+            print(
+                f"[kernel_table] {args.engine} batch {batch} t={temperature}: {table['kernels_per_step']} kernels, "
+                f"{table['gpu_us_per_step']} GPU us a step",
+                file=sys.stderr,
+                flush=True,
+            )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(tables, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
