@@ -106,7 +106,7 @@ run_step() {
     test-attn-fa|test-attn-fi|test-attn-trtllm)  # one backend's kernel and graph tests
       b=${1#test-attn-}
       OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py \
-        -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside" ;;
+        -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside or ${b}4_compiles" ;;
     test-attn-engine) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py -k "engine or auto" ;;
     bench-attn)
       cc=$($py -c "import torch; print(torch.cuda.get_device_capability()[0])")
