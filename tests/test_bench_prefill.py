@@ -14,7 +14,7 @@ from tests.test_bench import VOCAB, run_bench
 
 
 def test_prefill_is_one_prompt_at_a_time_of_each_length_with_one_token():
-    w = wl.prefill(VOCAB, lengths="512,2048,8192", repeats=3)
+    w = wl.prefill(VOCAB, lengths="512,2048,8192", per_length=3)
     assert [len(it.prompt_ids) for it in w.items] == [512, 2048, 8192] * 3  # interleaved
     assert all(it.params.max_tokens == 1 and it.params.greedy and it.params.ignore_eos for it in w.items)
     # One session: each prompt is sent when the previous one has finished (batch 1).
@@ -22,14 +22,14 @@ def test_prefill_is_one_prompt_at_a_time_of_each_length_with_one_token():
     assert all(it.follows_previous_turn for it in w.items[1:])
     # No two prompts share a first token: no radix hit at any page size.
     assert len({it.prompt_ids[0] for it in w.items}) == len(w.items)
-    assert w.settings == {"lengths": "512,2048,8192", "repeats": 3}
+    assert w.settings == {"lengths": "512,2048,8192", "per_length": 3}
 
 
 def test_prefill_scales_its_lengths_and_takes_one_length_as_an_int():
     assert [len(it.prompt_ids) for it in wl.prefill(VOCAB, scale=0.05).items[:3]] == [26, 102, 410]
     assert {len(it.prompt_ids) for it in wl.make_workload("prefill", VOCAB, lengths=300).items} == {300}
     with pytest.raises(ValueError, match="prefill wants"):
-        wl.prefill(VOCAB, repeats=0)
+        wl.prefill(VOCAB, per_length=0)
     with pytest.raises(ValueError):
         wl.prefill(VOCAB, lengths="512,lots")
 
@@ -58,8 +58,9 @@ def test_prefill_metrics_per_length_median_and_first():
 
 def test_prefill_end_to_end_with_final(tmp_path, tiny_qwen3_dir):
     data = run_bench(tmp_path, tiny_qwen3_dir, "--engine", "final", "--workload", "prefill", "--scale", "0.05",
-                     "--workload-arg", "lengths=512,2048", "--workload-arg", "repeats=2")  # fmt: skip
+                     "--workload-arg", "lengths=512,2048", "--workload-arg", "per_length=2")  # fmt: skip
     assert data["workload"] == "prefill" and data["config"]["lengths"] == "512,2048"
+    assert data["config"]["per_length"] == 2 and data["config"]["repeats"] == 1  # prompts, not processes
     metrics = data["metrics"]
     assert metrics["requests"] == 4 and metrics["prompt_tokens"] == 2 * (26 + 102)
     for n in (26, 102):

@@ -160,25 +160,27 @@ def latency(
 
 def prefill(
     vocab_size: int, seed: int = 0, scale: float = 1.0, *, lengths: str | int = "512,2048,8192",
-    repeats: int = 5,
+    per_length: int = 5,
 ) -> Workload:  # fmt: skip
-    """Batch-1 prefill: `repeats` prompts of each of `lengths` (comma-separated), the lengths
+    """Batch-1 prefill: `per_length` prompts of each of `lengths` (comma-separated), the lengths
     interleaved, each sent when the previous one has finished (one chat session's turns) and
     asking for one greedy token, so each request's TTFT is one prefill step. Every prompt starts
     with its own index, so none shares a first page with another (no radix hit, any page size).
     """
     _check(vocab_size, scale)
     sizes = [scaled(int(n), scale) for n in str(lengths).split(",")]
-    if not sizes or repeats < 1 or len(sizes) * repeats > min(MAX_TOKEN_ID, vocab_size - 1):
-        raise ValueError(f"prefill wants lengths like 512,2048 and repeats >= 1, got {lengths!r} x {repeats}")
+    if not sizes or per_length < 1 or len(sizes) * per_length > min(MAX_TOKEN_ID, vocab_size - 1):
+        raise ValueError(
+            f"prefill wants lengths like 512,2048 and per_length >= 1, got {lengths!r} x {per_length}"
+        )
     rng = random.Random(seed)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1)
-    order = [n for _ in range(repeats) for n in sizes]
+    order = [n for _ in range(per_length) for n in sizes]
     items = [
         WorkItem(0.0, [k, *_random_ids(rng, n - 1, vocab_size)], params, session=0, turn=k)
         for k, n in enumerate(order)
     ]
-    settings = {"lengths": ",".join(map(str, sizes)), "repeats": repeats}
+    settings = {"lengths": ",".join(map(str, sizes)), "per_length": per_length}
     return Workload("prefill", items, seed, scale, settings)
 
 
