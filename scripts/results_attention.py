@@ -221,6 +221,7 @@ def plot(results: list[Result], target: Path) -> bool:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     from scripts.results_plots import COLORS
 
@@ -237,8 +238,9 @@ def plot(results: list[Result], target: Path) -> bool:
             ys = [i + (j - (len(lengths) - 1) / 2) * height for i in range(len(pairs))]
             xs = [p.prefill_speeds().get(n, 0.0) for p in pairs]
             panel[0].barh(ys, xs, height=height * 0.9, color=COLORS[j % len(COLORS)], label=f"{n} tokens")
-        if lengths:
-            panel[0].legend(loc="lower right", fontsize=7)
+        if lengths:  # room on the right for the legend, clear of the longest bars
+            panel[0].set_xlim(0, max([v for p in pairs for v in p.prefill_speeds().values()] + [1.0]) * 1.6)
+            panel[0].legend(loc="center right", fontsize=7)
         _simple(panel[1], [p.metric("offline", "output_tok_per_s") or 0.0 for p in pairs], COLORS[0])
         _simple(panel[2], [p.metric("latency", "decode_step_ms") or 0.0 for p in pairs], COLORS[1])
         titles = ("batch-1 prefill (prompt tok/s)", "offline (output tok/s)", "batch-1 decode step (ms)")
@@ -247,6 +249,9 @@ def plot(results: list[Result], target: Path) -> bool:
             ax.set_ylim(len(pairs) - 0.5, -0.5)
             ax.set_title(f"{device} · {title}", loc="left", fontweight="bold")
             ax.grid(axis="x", alpha=0.3)
+            ax.xaxis.set_major_formatter(
+                matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x >= 1000 else f"{x:g}")
+            )
     fig.tight_layout()
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target, dpi=110, metadata={"Software": None})
