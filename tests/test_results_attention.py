@@ -117,3 +117,15 @@ def test_the_command_prints_the_winners_and_an_auto_entry(tmp_path: Path, capsys
     assert "AUTO entry from these numbers: 9: (('fa', 'fi'), ('trtllm', 'fa', 'fi'))" in out
     (tmp_path / "empty").mkdir()
     assert ra.main([str(tmp_path / "empty")]) == 1
+
+
+def test_auto_cites_the_measured_gpus_and_agrees_with_their_winners():
+    """AUTO is chosen by number: its comment names the result files of every GPU measured, and
+    the table's first candidates are the winners there (vacuous until bench-attn has run)."""
+    root = Path(__file__).resolve().parents[1]
+    source = (root / "final/core/attention_auto.py").read_text()
+    assert "scripts/results_attention.py" in source
+    for device, pairs in ra.pairs_by_device(rr.load_results(root / rr.RESULTS_DIR)).items():
+        folder = device.lower()
+        assert f"benchmarks/results/{folder}/attn_" in source, f"AUTO does not cite the {device} results"
+        assert "which agrees" in ra.verdict(pairs), f"{device}: {ra.verdict(pairs)}"
