@@ -134,16 +134,12 @@ def capability_of(pairs: list[Pair]) -> int | None:
     return None
 
 
-def auto_pick(major: int | None) -> tuple[str, str]:
-    prefill, decode = AUTO.get(major, AUTO_OTHER_GPUS) if major is not None else AUTO_OTHER_GPUS
-    return prefill[0], decode[0]
-
-
 def verdict(pairs: list[Pair]) -> str:
     """What wins each phase here, against what `auto` picks on this GPU."""
     w = winners(pairs)
     major = capability_of(pairs)
-    picked = auto_pick(major)
+    prefill, decode = AUTO.get(major, AUTO_OTHER_GPUS) if major is not None else AUTO_OTHER_GPUS
+    picked = (prefill[0], decode[0])  # what auto takes where every library is installed
     best = (w.prefill[0][0] if w.prefill else None, w.decode[0][0] if w.decode else None)
     lengths = ", ".join(map(str, w.lengths))
     parts = []
@@ -158,7 +154,8 @@ def verdict(pairs: list[Pair]) -> str:
     where = f"compute capability {major}.x" if major is not None else "this GPU"
     agree = all(b is None or b == a for a, b in zip(picked, best, strict=True))
     says = "agrees" if agree else "does not agree yet: AUTO in final/core/attention_auto.py is out of date"
-    return "; ".join(parts) + f". `auto` on {where} picks `{_pair(*picked)}`, which {says}."  # fmt: skip
+    text = "; ".join(parts) + f". `auto` on {where} picks `{_pair(*picked)}`, which {says}."
+    return text[:1].upper() + text[1:]
 
 
 def _pair(prefill: str, decode: str) -> str:
@@ -190,10 +187,13 @@ def render(results: list[Result], plot_link: str) -> str:
             cells = [_cell(p.metric(c[0], c[1]), best[c[1]]) for c in columns]
             out.append(f"| `{p.spec}` | " + " | ".join(cells) + " |")
         out += ["", verdict(pairs), ""]
+    settings = [r.config for ps in by_device.values() for p in ps for r in p.results.values()]
+    pages = ", ".join(sorted({str(c.get("page_size", "auto")) for c in settings}))
+    prompts = ", ".join(sorted({str(c["per_length"]) for c in settings if "per_length" in c}))
     out += [
-        "Page size 16 for every pair; one fresh process per workload, its warm-up excluded; the prefill "
-        "columns are medians over 5 prompts of each length, served one at a time. Bold: the best of "
-        "the column. Every setting, version and command is under *All results* below.",
+        f"Page size {pages}; one fresh process per workload, its warm-up excluded; the prefill columns "
+        f"are medians over {prompts or '-'} prompts of each length, served one at a time. Bold: the best "
+        "of the column. Every setting, version and command is under *All results* below.",
         "",
         f"![The attention backends: prefill, offline and decode, one row of panels per GPU]({plot_link})",
     ]
@@ -267,9 +267,6 @@ def _simple(ax, values: list[float], color: str) -> None:
                 format_metric(v), (v, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7
             )
     ax.set_xlim(0, max(values + [1.0]) * 1.3)
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ def attn_results(prefill=PREFILL, decode=DECODE, offline=OFFLINE, hardware=H200,
     out = []
     for spec, tok_s in offline.items():
         tag, p, d = spec.replace(",", "-"), spec.split(",")[0], spec.split(",")[-1]
-        config = {"attn": spec, "page_size": 16, "scale": 1.0}
+        config = {"attn": spec, "page_size": 16, "scale": 1.0, "per_length": 5}
         speeds = dict(zip((512, 2048, 8192), prefill[p], strict=True))
         metrics = {f"prefill_tok_per_s_{n}": v for n, v in speeds.items()} | {
             f"ttft_ms_{n}": 1000 * n / v for n, v in speeds.items()
@@ -91,6 +91,7 @@ def test_one_table_per_gpu_with_the_best_in_bold():
     assert "**19,900**" in row and "**1.70**" in row
     assert "**" not in next(line for line in h200.splitlines() if line.startswith("| `fi` |"))
     assert "![The attention backends" in text and "(plot.png)" in text
+    assert "Page size 16;" in text and "medians over 5 prompts" in text
     assert "No attention benchmarks yet" in ra.render([], "plot.png")
 
 
