@@ -131,7 +131,8 @@ run_step() {
         attn=(--engine-arg attn=$spec --engine-arg page_size=16)
         bench --engine final --workload offline "${attn[@]}" --name attn_offline_${tag}_$gpu
         bench --engine final --workload latency "${attn[@]}" --name attn_latency_${tag}_$gpu
-        bench --engine final --workload prefill --workload-arg lengths=512,2048,8192 "${attn[@]}" --name attn_prefill_${tag}_$gpu
+        bench --engine final --workload prefill --workload-arg lengths=512,2048,8192 --workload-arg per_length=5 \
+          "${attn[@]}" --name attn_prefill_${tag}_$gpu
         # What $OUT holds comes back even from a call cut off at its time limit: keep each pair's.
         mkdir -p "$out/partial/$results" && cp $results/attn_*_${tag}_$gpu.json "$out/partial/$results/" 2>/dev/null
       done

@@ -7,14 +7,13 @@
 decode) and `attn_prefill_<pair>_<gpu>.json` (batch-1 prefill at 512, 2048 and 8192 tokens). Per
 GPU, this makes one table of the pairs, one plot, and the winners of each phase:
 
-- prefill: the highest geometric mean, over the prompt lengths, of prompt tokens per second (a
-  prefill step runs only the prefill backend, so the pairs sharing it measure the same kernel
-  again: their median counts);
+- prefill: the highest geometric mean over the prompt lengths of prompt tokens per second (the
+  median over the pairs that prefill with it: a prefill-only run measures one kernel);
 - decode: the shortest batch-1 decode step, per decode backend (the median over its pairs);
 - offline: the pair with the highest output throughput, both phases together.
 
-The winners are set beside what `auto` picks on that GPU, the first candidates of the AUTO table
-(final/core/attention_auto.py) for its compute capability; the lead edits AUTO when they differ.
+The winners are set beside what `auto` picks there: AUTO's first candidates for the compute
+capability (final/core/attention_auto.py), to be edited when they differ.
 """
 
 from __future__ import annotations
@@ -30,7 +29,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from final.core.attention_auto import AUTO, AUTO_OTHER_GPUS  # noqa: E402  (no torch: stays light)
-from scripts.results_model import HEADER, Result, device_of, device_order, format_metric, load_results  # noqa: E402
+from scripts.results_model import (  # noqa: E402
+    HEADER,
+    Result,
+    ResultError,
+    device_of,
+    device_order,
+    format_metric,
+    load_results,
+)
 
 GROUP = "attn"
 WORKLOADS = ("offline", "latency", "prefill")
@@ -126,12 +133,10 @@ def winners(pairs: list[Pair]) -> Winners:
 
 
 def capability_of(pairs: list[Pair]) -> int | None:
-    for p in pairs:
-        for r in p.results.values():
-            text = str(r.hardware.get("compute_capability", ""))
-            if text.split(".")[0].isdigit():
-                return int(text.split(".")[0])
-    return None
+    majors = (
+        str(r.hardware.get("compute_capability", "")).split(".")[0] for p in pairs for r in p.results.values()
+    )
+    return next((int(m) for m in majors if m.isdigit()), None)
 
 
 def verdict(pairs: list[Pair]) -> str:
@@ -160,10 +165,6 @@ def verdict(pairs: list[Pair]) -> str:
 
 def _pair(prefill: str, decode: str) -> str:
     return prefill if prefill == decode else f"{prefill},{decode}"
-
-
-# ---------------------------------------------------------------------------------------------
-# The page and its plot
 
 
 def render(results: list[Result], plot_link: str) -> str:
@@ -202,7 +203,7 @@ def render(results: list[Result], plot_link: str) -> str:
 
 def _best(values: list[float | None], higher: bool) -> float | None:
     present = [v for v in values if v is not None]
-    return (max(present) if higher else min(present)) if present else None
+    return None if not present else max(present) if higher else min(present)
 
 
 def _cell(value: float | None, best: float | None) -> str:
@@ -263,9 +264,8 @@ def _simple(ax, values: list[float], color: str) -> None:
     ax.barh(range(len(values)), values, height=0.6, color=color)
     for i, v in enumerate(values):
         if v:
-            ax.annotate(
-                format_metric(v), (v, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7
-            )
+            ax.annotate(format_metric(v), (v, i), xytext=(3, 0), textcoords="offset points", va="center",
+                        fontsize=7)  # fmt: skip
     ax.set_xlim(0, max(values + [1.0]) * 1.3)
 
 
@@ -275,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("results", type=Path, help="a folder of attn_*.json (e.g. benchmarks/results/h200)")
     args = parser.parse_args(argv)
-    by_device = pairs_by_device(load_results(args.results))
+    try:
+        by_device = pairs_by_device(load_results(args.results))
+    except ResultError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not by_device:
         print(f"no attn_* results under {args.results}", file=sys.stderr)
         return 1

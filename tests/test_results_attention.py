@@ -118,6 +118,9 @@ def test_the_command_prints_the_winners_and_an_auto_entry(tmp_path: Path, capsys
     assert "AUTO entry from these numbers: 9: (('fa', 'fi'), ('trtllm', 'fa', 'fi'))" in out
     (tmp_path / "empty").mkdir()
     assert ra.main([str(tmp_path / "empty")]) == 1
+    (tmp_path / "empty/attn_broken.json").write_text("{}")
+    assert ra.main([str(tmp_path / "empty")]) == 2
+    assert "missing key 'name'" in capsys.readouterr().err
 
 
 def test_auto_cites_the_measured_gpus_and_agrees_with_their_winners():
