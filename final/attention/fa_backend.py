@@ -47,7 +47,7 @@ class FlashAttention4:
     sets `is_static_persistent` (line 1367; true when every request's queries fit one 128-row
     tile, at most 64 tokens with 2 query heads per KV head), which is in the key (line 1512) but
     never reaches the Hopper kernel (lines 1632, 1931). A prompt longer than the warm-up's compiled
-    a second, identical kernel: ~4 s inside the first long prompt's TTFT (issue 26). Without it the
+    a second, identical kernel: seconds inside the first long prompt's TTFT (issue 26). Without it the
     bound is the step's query count and the flag stays false (line 950): one prefill kernel per
     head size, dtype, causal mask and page size on Hopper. Blackwell may add one for steps of at
     most 128 / group rows (one Q tile per CTA, line 389); batches above 256 requests one more
