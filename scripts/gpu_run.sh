@@ -15,10 +15,12 @@
 #   bench-final   batch-1 decode and the offline workload, graphs/overlap on and off
 #   test-attn     the attention backends' GPU tests (kernels, graphs, engines): on a fresh machine
 #                 most of the time goes to compiling kernels, so one call may not hold them all;
-#                 test-attn-fa, test-attn-fi, test-attn-trtllm and test-attn-engine split them
-#   bench-attn    offline throughput and batch-1 decode per attention backend and hybrid
-#                 (ATTN_SPECS="fi fa ..." picks some; about a minute each), into
-#                 benchmarks/results/<gpu>/attn_<workload>_<backends>_<gpu>.json
+#                 test-attn-fa, test-attn-fi, test-attn-trtllm and test-attn-engine split them;
+#                 test-attn-compile: only FlashAttention 4's compile counts (about a minute)
+#   bench-attn    offline throughput, batch-1 decode and batch-1 prefill (512, 2048, 8192 tokens) per
+#                 attention backend and pair (ATTN_SPECS="fi fa ..." picks some; about 80 s each),
+#                 into benchmarks/results/<gpu>/attn_<workload>_<backends>_<gpu>.json; then prints
+#                 which wins each phase (scripts/results_attention.py), for AUTO
 #   test-stage05  stage 05's GPU tests (real CUDA graphs against eager decode)
 #   bench-stage05 stage 05's decode step at batch 1, 8, 64 and 256, graphs on and off
 #   bench-stage05-offline  stage 05's offline workload, graphs on and off
@@ -110,18 +112,35 @@ run_step() {
     test-attn-fa|test-attn-fi|test-attn-trtllm)  # one backend's kernel and graph tests
       b=${1#test-attn-}
       OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py \
-        -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside" ;;
+        -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside or ${b}4_compiles" ;;
     test-attn-engine) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py -k "engine or auto" ;;
+    test-attn-compile)  # issue 26's proof, about a minute: FlashAttention 4 compiles nothing per length
+      OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py -k "fa4_compiles" ;;
     bench-attn)
+      # Every backend and pair at page size 16 (one every kernel takes): the offline workload, batch-1
+      # decode (latency) and batch-1 prefill at 512, 2048 and 8192 tokens, one fresh process each,
+      # one run each (the prefill workload takes the median of 5 prompts per length itself); about
+      # 8 minutes on a Hopper GPU with FlashInfer's kernels already compiled (.fiws-cache).
+      # FlashAttention 4 keeps its compiled kernels on disk here, as FlashInfer does (its own
+      # FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED, flash_attn/cute/cache_utils.py), so each fresh process
+      # loads rather than recompiles them; the warm-up excludes either way. FA4_DISK_CACHE=0: off.
+      if [ "${FA4_DISK_CACHE:-1}" = 1 ]; then
+        export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-cache
+      fi
       cc=$($py -c "import torch; print(torch.cuda.get_device_capability()[0])")
-      specs=${ATTN_SPECS:-"fi fa fa,fi fa,trtllm fi,trtllm"}
+      specs=${ATTN_SPECS:-"fa fi fa,trtllm fi,trtllm fi,fa fa,fi"}  # the fix and its yardstick first
       [ "$cc" = 10 ] && specs=${ATTN_SPECS:-"$specs trtllm"}  # TRT-LLM prefills on 10.x only
       for spec in $specs; do
         tag=${spec//,/-}
-        # One page size for all (16: one that every backend takes), so the kernels are compared.
-        bench --engine final --workload offline --engine-arg attn=$spec --engine-arg page_size=16 --name attn_offline_${tag}_$gpu
-        bench --engine final --workload latency --engine-arg attn=$spec --engine-arg page_size=16 --name attn_latency_${tag}_$gpu
+        attn=(--engine-arg attn=$spec --engine-arg page_size=16)
+        bench --engine final --workload offline "${attn[@]}" --name attn_offline_${tag}_$gpu
+        bench --engine final --workload latency "${attn[@]}" --name attn_latency_${tag}_$gpu
+        bench --engine final --workload prefill --workload-arg lengths=512,2048,8192 --workload-arg per_length=5 \
+          "${attn[@]}" --name attn_prefill_${tag}_$gpu
+        # What $OUT holds comes back even from a call cut off at its time limit: keep each pair's.
+        mkdir -p "$out/partial/$results" && cp $results/attn_*_${tag}_$gpu.json "$out/partial/$results/" 2>/dev/null
       done
+      $py scripts/results_attention.py $results
       ;;
     test-stage05) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage05_gpu.py ;;
     bench-stage05)

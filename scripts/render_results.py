@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts import generated, results_ladder, results_plots, results_versus  # noqa: E402
+from scripts import generated, results_attention, results_ladder, results_plots, results_versus  # noqa: E402
 from scripts.results_model import (  # noqa: E402, F401  (re-exported: the tests and other scripts use them)
     HEADER,
     Result,
@@ -62,6 +62,9 @@ LADDER = GENERATED_DIR / "ladder.md"
 PERFORMANCE_LADDER = GENERATED_DIR / "performance_ladder.md"  # for docs/serving/performance.md
 PERFORMANCE_VERSUS = GENERATED_DIR / "performance_versus.md"
 LADDER_PLOT = PLOTS_DIR / "ladder.png"
+# The attention page's own table and plot (docs/serving/attention.md; scripts/results_attention.py).
+ATTENTION = GENERATED_DIR / "attention_backends.md"
+ATTENTION_PLOT = PLOTS_DIR / "attention_backends.png"
 
 
 def default_groups(root: Path) -> list[str]:
@@ -216,6 +219,8 @@ def render_markdown(root: Path = ROOT) -> dict[Path, str]:
     pages[LADDER] = results_ladder.render(ladder, f"assets/plots/{LADDER_PLOT.name}")
     pages[PERFORMANCE_LADDER] = results_ladder.render(ladder, f"../assets/plots/{LADDER_PLOT.name}")
     pages[PERFORMANCE_VERSUS] = results_versus.render(results)
+    if (Path(root) / "final").is_dir():
+        pages[ATTENTION] = results_attention.render(results, f"../assets/plots/{ATTENTION_PLOT.name}")
     return pages
 
 
@@ -238,6 +243,9 @@ def write_all(root: Path = ROOT) -> list[str]:
         results_ladder.build(root, load_results(root / RESULTS_DIR)), root / LADDER_PLOT
     )
     report.append(f"plotted  {LADDER_PLOT}")
+    if ATTENTION in pages and results_attention.plot(load_results(root / RESULTS_DIR), root / ATTENTION_PLOT):
+        plots[ATTENTION_PLOT] = []
+        report.append(f"plotted  {ATTENTION_PLOT}")
     report += generated.remove_orphans(root, GENERATED_DIR, "results_*.md", pages)
     report += generated.remove_orphans(root, PLOTS_DIR, "*.png", {**plots, LADDER_PLOT: None})
     return report

@@ -245,9 +245,12 @@ def test_an_unset_page_size_is_valid_and_zero_is_not():
 
 
 @pytest.mark.parametrize("capability", [HOPPER, BLACKWELL])
-def test_auto_ships_the_backend_verified_on_a_gpu(monkeypatch, capability):
+def test_auto_ships_the_table_s_first_candidates(monkeypatch, capability):
+    """With every library there, auto is the AUTO table's first pick per phase (whatever the
+    benchmarks have put first); without FlashInfer, FlashAttention prefills."""
     standins.install(monkeypatch, capability, "fa4", "flashinfer", cpu_as_gpu=False)
-    assert resolve("auto", None).names == ("fi", "fi")
+    prefill, decode = attention.AUTO[capability[0]]
+    assert resolve("auto", None).names == (prefill[0], decode[0])
     standins.install(monkeypatch, capability, "fa4", cpu_as_gpu=False)  # no FlashInfer: the next in line
     assert resolve("auto", None).prefill == "fa"
 
@@ -294,7 +297,7 @@ def test_auto_is_torch_on_the_cpu_and_in_float32(monkeypatch):
 def test_help_says_what_auto_picks():
     text = build_parser().format_help()
     flat = " ".join(text.split())
-    assert "Hopper: fi" in flat and "Blackwell 10.x: fi" in flat and "other GPUs: fi" in flat
+    assert "Hopper: " in flat and "Blackwell 10.x: " in flat and "other GPUs: fi" in flat
     described = attention.describe_auto()
     for major, (prefill, decode) in attention.AUTO.items():
         pair = prefill[0] if prefill[0] == decode[0] else f"{prefill[0]},{decode[0]}"

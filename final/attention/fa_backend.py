@@ -38,16 +38,32 @@ class Kernels(Protocol):
 
 # --8<-- [start:fa4]
 class FlashAttention4:
+    """FlashAttention 4 compiles a kernel on first use (seconds) per compile key: the arguments'
+    kinds (dtypes, head sizes, which optional ones are set) and flags derived from them; shapes
+    and values are runtime arguments. An argument whose kind changes from step to step compiles
+    a new kernel in the middle of serving, so we pass none.
+
+    `max_seqlen_q` was one (flash-attn-4 4.0.0b36, flash_attn/cute/interface.py): a host integer
+    sets `is_static_persistent` (line 1367; true when every request's queries fit one 128-row
+    tile, at most 64 tokens with 2 query heads per KV head), which is in the key (line 1512) but
+    never reaches the Hopper kernel (lines 1632, 1931). A prompt longer than the warm-up's compiled
+    a second, identical kernel: seconds inside the first long prompt's TTFT (issue 26). Without it the
+    bound is the step's query count and the flag stays false (line 950): one prefill kernel per
+    head size, dtype, causal mask and page size on Hopper. Blackwell may add one for steps of at
+    most 128 / group rows (one Q tile per CTA, line 389); batches above 256 requests one more
+    (line 82). tests/test_final_gpu_attention.py counts them.
+    """
+
     def __init__(self, module):
         self.attention = module.flash_attn_varlen_func  # returns (out, lse); lse is None here
 
     def prefill(self, q, k_cache, v_cache, m, scale):
+        # Tensors, and arguments that are the same at every step: nothing here changes the key.
         out, _ = self.attention(
             q,
             k_cache,
             v_cache,
             cu_seqlens_q=m.cu_seqlens_q,
-            max_seqlen_q=m.max_seqlen_q,
             seqused_k=m.seq_lens,
             page_table=m.block_table,
             softmax_scale=scale,

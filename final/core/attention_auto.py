@@ -13,10 +13,15 @@ NAMES = ("torch", "fi", "fa", "trtllm")
 # Compute capability major -> (prefill candidates, decode candidates), best first. `auto` takes, per
 # phase, the first candidate that is installed and has kernels for the model's head size and the
 # --page-size set (if any); torch is the last resort, and the only choice on the CPU or in float32.
-# FlashInfer comes first everywhere because it is the one fast backend verified on a GPU so far
-# (H200, 2026-11-22); fa and trtllm are next in line, and move up once the attention benchmarks
-# have measured them there (the design's intent: on Hopper FlashAttention 4 prefill with TRT-LLM
-# (XQA) decode, on datacenter Blackwell TRT-LLM for both phases, as Mini-SGLang picks there).
+# Chosen by number from the attention benchmarks (`bash scripts/gpu_run.sh bench-attn`, every pair
+# at page size 16; `python scripts/results_attention.py benchmarks/results/<gpu>` prints each
+# phase's winner and the entry they give):
+#   9: benchmarks/results/h200/attn_{offline,latency,prefill}_<pair>_h200.json and
+#      benchmarks/results/h100/attn_{offline,latency,prefill}_<pair>_h100.json. Until they are
+#      measured with fa's prefill fixed (issue 26: it compiled a second kernel in the measured
+#      window), FlashInfer, the backend verified first (H200, 2026-11-22), stays first.
+#  10: not measured (no Blackwell GPU lent): the design's intent, TRT-LLM for both phases, as
+#      Mini-SGLang picks there; FlashInfer first until measured.
 AUTO: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
     9: (("fi", "fa"), ("fi", "trtllm")),  # H100, H200
     10: (("fi", "trtllm", "fa"), ("fi", "trtllm")),  # B200, GB200

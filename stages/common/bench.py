@@ -4,6 +4,7 @@
     python -m stages.common.bench --engine stages.02_paged_kv --workload offline --engine-arg attn=fi
     python -m stages.common.bench --engine hf --workload latency --dtype bfloat16 --repeats 3
     python -m stages.common.bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=8
+    python -m stages.common.bench --engine final --workload prefill --workload-arg lengths=512,2048,8192
     python -m stages.common.bench --engine stages.06_overlap --workload online --workload-arg rate=16
 
 Each run happens in a child process (this module again, with `--child`), so nothing one run
@@ -46,7 +47,16 @@ if TYPE_CHECKING:  # the parent process only starts children: it never imports t
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("benchmarks/results")
 # The names of stages.common.workloads.WORKLOADS (a test keeps them equal), without importing it.
-WORKLOAD_NAMES = ("offline", "latency", "decode-step", "shared-prefix", "no-sharing", "long-prompt", "online")
+WORKLOAD_NAMES = (
+    "offline",
+    "latency",
+    "prefill",
+    "decode-step",
+    "shared-prefix",
+    "no-sharing",
+    "long-prompt",
+    "online",
+)
 HF_ENGINE = "hf"
 SHARING_WORKLOADS = ("shared-prefix", "no-sharing")
 # Set by scripts/gpu_run.sh for one device call: results that share it were measured side by side.
@@ -204,6 +214,24 @@ def batch1_metrics(prompt_len: int, num_tokens: int, ttft_s: float, latency_s: f
     }
 
 
+def prefill_metrics(records: list[Record]) -> dict[str, float]:
+    """Per prompt length L, over its requests (one prefill step each, run alone): prefill speed
+    from the median TTFT, the median itself, and the first request's TTFT, which is where a
+    kernel compiled on first use for that length would show."""
+    ttfts: dict[int, list[float]] = {}
+    for record in sorted(records, key=lambda r: r.submitted_s):
+        ttfts.setdefault(len(record.item.prompt_ids), []).append(record.ttft_s)
+    lengths = sorted(ttfts)
+    medians = {n: statistics.median(ttfts[n]) for n in lengths}
+    return {
+        **{f"prefill_tok_per_s_{n}": n / medians[n] for n in lengths},
+        **{f"ttft_ms_{n}": 1000 * medians[n] for n in lengths},
+        **{f"first_ttft_ms_{n}": 1000 * ttfts[n][0] for n in lengths},
+        "requests": len(records),
+        "prompt_tokens": sum(n * len(ttfts[n]) for n in lengths),
+    }
+
+
 def decode_step_metrics(records: list[Record], batch: int) -> dict[str, float]:
     """The steps in which all `batch` requests decode: from the step that gave the last request its
     first token until the first request finishes. Each such step gives every request one token, so
@@ -262,6 +290,8 @@ def workload_metrics(workload: Workload, records: list[Record], total_s: float) 
         return batch1_metrics(
             prompt_tokens, output_tokens, record.ttft_s, record.finished_s - record.scheduled_s
         )
+    if workload.name == "prefill":
+        return prefill_metrics(records)
     if workload.name == "decode-step":
         batch = len(records)
         return {**decode_step_metrics(records, batch), **throughput, **latency_metrics(ttfts, itls), **counts}

@@ -64,6 +64,7 @@ def versions() -> dict[str, Any]:
         ("flashinfer", "flashinfer-python"),
         ("flash_attn", "flash-attn-4"),
         ("flash_attn", "flash-attn"),
+        ("cutlass_dsl", "nvidia-cutlass-dsl"),  # FlashAttention 4's compiler
         ("triton", "triton"),
     ]:
         if key in out:

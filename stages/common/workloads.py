@@ -10,6 +10,8 @@ Every generator is deterministic for a `seed` and takes the same three knobs:
 
     offline        Nano-vLLM's benchmark: 256 requests at t=0, input and output lengths in [100, 1024]
     latency        batch 1: one 512-token prompt, 128 greedy tokens
+    prefill        batch 1, prefill only: prompts of 512, 2048 and 8192 tokens, one after another,
+                   one token each: TTFT and prompt tokens per second per length
     decode-step    a batch of B requests (512-token prompts) decoding together: the decode step's time
     shared-prefix  groups sharing a long system prompt, and multi-turn chat sessions
     no-sharing     shared-prefix's sizes with nothing shared: what a prefix cache costs when it never hits
@@ -154,6 +156,32 @@ def latency(
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=o)
     items = [WorkItem(0.0, _random_ids(rng, p, vocab_size), params)]
     return Workload("latency", items, seed, scale, {"prompt_len": p, "output_len": o})
+
+
+def prefill(
+    vocab_size: int, seed: int = 0, scale: float = 1.0, *, lengths: str | int = "512,2048,8192",
+    per_length: int = 5,
+) -> Workload:  # fmt: skip
+    """Batch-1 prefill: `per_length` prompts of each of `lengths` (comma-separated), the lengths
+    interleaved, each sent when the previous one has finished (one chat session's turns) and
+    asking for one greedy token, so each request's TTFT is one prefill step. Every prompt starts
+    with its own index, so none shares a first page with another (no radix hit, any page size).
+    """
+    _check(vocab_size, scale)
+    sizes = [scaled(int(n), scale) for n in str(lengths).split(",")]
+    if not sizes or per_length < 1 or len(sizes) * per_length > min(MAX_TOKEN_ID, vocab_size - 1):
+        raise ValueError(
+            f"prefill wants lengths like 512,2048 and per_length >= 1, got {lengths!r} x {per_length}"
+        )
+    rng = random.Random(seed)
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=1)
+    order = [n for _ in range(per_length) for n in sizes]
+    items = [
+        WorkItem(0.0, [k, *_random_ids(rng, n - 1, vocab_size)], params, session=0, turn=k)
+        for k, n in enumerate(order)
+    ]
+    settings = {"lengths": ",".join(map(str, sizes)), "per_length": per_length}
+    return Workload("prefill", items, seed, scale, settings)
 
 
 def decode_step(
@@ -328,6 +356,7 @@ def online_in_process(
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "offline": offline,
     "latency": latency,
+    "prefill": prefill,
     "decode-step": decode_step,
     "shared-prefix": shared_prefix,
     "no-sharing": no_sharing,
