@@ -43,8 +43,11 @@ def torch_store_kv(
 ) -> None:
     """The reference: k and v [T, kv_heads, head_dim] into rows `slots` [T] of the caches
     [slots, kv_heads, head_dim]."""
-    k_cache[slots] = quantize(k, k_cache.dtype, k_scale)
-    v_cache[slots] = quantize(v, v_cache.dtype, v_scale)
+    for cache, x, scale in ((k_cache, k, k_scale), (v_cache, v, v_scale)):
+        value = quantize(x, cache.dtype, scale)
+        if cache.dtype.itemsize == 1:  # fp8: index_put through its bytes (not every build has fp8 kernels)
+            cache, value = cache.view(torch.uint8), value.view(torch.uint8)
+        cache[slots] = value
 
 
 @functools.cache
