@@ -1,7 +1,8 @@
-"""final/ on a CUDA GPU: the fused kernels against their torch references on fresh random inputs,
-and decode CUDA graphs against eager decode through the whole engine (fi and torch backends,
-every captured size with padding, radix hits, chunked prompts, preemption and aborts), and the
-graphs' memory inside the --memory-ratio budget."""
+"""final/ on a CUDA GPU: the fused kernels (FlashInfer's, final/kernels' Triton kernels, FlashInfer
+sampling) against their torch references on fresh random inputs; the engine with final/kernels
+against without; decode CUDA graphs against eager decode through the whole engine (fi and torch
+backends, every captured size with padding, radix hits, chunked prompts, preemption and aborts),
+and the graphs' memory inside the --memory-ratio budget."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import final
 from final.core.model_config import load_model_config
 from final.core.sampling_params import SamplingParams
 from final.engine.graph import capture_sizes
+from final.engine.sampler import Sampler, min_p_mask, top_k_mask, top_p_mask
+from final.kernels import gemv, kv_write, qk_norm_rope_kv
+from final.kernels import sampling as sampling_kernels
 from final.models import fused
 from final.models.rope import RotaryEmbedding
 from tests.fixtures.gpu_compare import assert_agree_until_near_tie, free_gpu_memory
@@ -184,10 +188,6 @@ def test_overlap_equals_no_overlap_on_gpu(gpu_model_dir, attn):
 
 
 # ------------------------------------------------------------------ final/kernels (issue 31)
-
-from final.engine.sampler import Sampler, min_p_mask, top_k_mask, top_p_mask  # noqa: E402
-from final.kernels import gemv, kv_write, qk_norm_rope_kv  # noqa: E402
-from final.kernels import sampling as sampling_kernels  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 

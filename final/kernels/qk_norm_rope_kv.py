@@ -3,9 +3,10 @@ q and k (skipped for models without it), RoPE on both, and the write of k and v 
 
 Op by op that is a norm for q, one for k, a RoPE kernel and the K/V write (four launches and
 four round trips of q and k through memory, at decode sizes mostly launch cost). FlashInfer 0.7.2
-has no bf16 form of it: `rope_quantize_fp8_append_paged_kv_cache` fuses RoPE and the paged write
-but only for an fp8 cache and without the norm, and `fused_qk_rmsnorm_rope` is a video-diffusion
-kernel (a norm over all heads, 3-D RoPE, no cache).
+has no bf16 form of it: `rope.rope_quantize_fp8_append_paged_kv_cache` fuses RoPE and the paged
+write but quantizes to fp8 only and has no norm; `norm.fused_qk_rmsnorm_rope` is a video-diffusion
+kernel (one norm over all heads, 3-D RoPE, no cache); `norm.rmsnorm` on [tokens, heads, dim] is
+the per-head norm alone.
 
 The math, per head of head_dim d, in float32 as the op-by-op path does it:
     x = x * rsqrt(mean(x^2) + eps) * w        (Qwen3; rounded to the activation dtype after, as
