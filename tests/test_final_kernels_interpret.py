@@ -13,6 +13,7 @@ the interpreter runs one program at a time.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -199,6 +200,23 @@ def compile_for_hopper(kernel, signature: dict[str, str], constants: dict[str, o
     }
     source = ASTSource(kernel, signature, constexprs=constants, attrs=aligned)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+@compiled
+def test_bench_kernels_smoke_run_checks_everything_and_writes_a_valid_result(tmp_path):
+    """scripts/bench_kernels.py at toy shapes on the CPU (--smoke): every check passes, and its JSON
+    is a result the docs can render (the GPU run writes the same file at the real shapes)."""
+    from scripts.results_model import parse_result
+
+    out = tmp_path / "kernels_cpu.json"
+    command = [sys.executable, "scripts/bench_kernels.py", "--smoke", "--out", str(out)]
+    run = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    data = json.loads(out.read_text())
+    parse_result(data, out.name)
+    assert data["checks"] and all(check["ok"] for check in data["checks"])
+    kernels = {row["kernel"] for row in data["rows"]}
+    assert kernels == {"kv_write", "fused_norm_rope_kv", "sampling", "gemv"}
 
 
 @compiled
