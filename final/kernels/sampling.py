@@ -59,7 +59,7 @@ def flashinfer_sample(
     row of the batch uses that filter; `row_index` is arange(S) as int64 (the output's dtype)."""
     fi = _flashinfer_sampling()
     assert fi is not None, "check available() first"
-    probs = fi.softmax(logits, temperature)
+    probs = fi.softmax(logits.contiguous(), temperature)  # a vocabulary-padded TP slice is a strided view
     active = [
         (renorm, sample, value)
         for (renorm, sample), value in zip(_filters(fi), (top_k, top_p, min_p), strict=True)
