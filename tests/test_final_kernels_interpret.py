@@ -5,7 +5,7 @@ which needs no GPU and catches what the interpreter lets through.
 Triton reads TRITON_INTERPRET when it is first imported (its own library functions, tl.sum
 among them, are built then), so the interpreter tests run in a process of their own:
 `test_kernels_under_the_interpreter` runs this file again with TRITON_INTERPRET=1, where the
-tests under `if INTERPRETING` exist. The interpreter rounds float32 -> bf16 by truncation and
+tests marked `interpreted` run (and the `compiled` ones skip). The interpreter rounds float32 -> bf16 by truncation and
 float32 -> float8 wrongly, so exact comparisons use float16 and the bf16 cases allow one bf16
 step; the fp8 store is checked on a GPU (tests/test_final_gpu_kernels.py). Shapes are small:
 the interpreter runs one program at a time.
