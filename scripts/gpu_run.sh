@@ -13,6 +13,11 @@
 #   test-all      every GPU test (needs the model kit)
 #   test-tp       tensor parallelism's GPU tests (2 GPUs; TP=4 too on 4)
 #   bench-final   batch-1 decode and the offline workload, graphs/overlap on and off
+#   kernels       final/kernels checked against their torch references and timed (K/V write, fused
+#                 norm + RoPE + K/V write, sampling, small-M GEMV; scripts/bench_kernels.py), into
+#                 benchmarks/results/<gpu>/kernels_<gpu>.json; its table and the GEMV advice in the log
+#   test-kernels  tests/test_final_gpu_kernels.py alone: the kernels against their references, the
+#                 engine with them against without (test-final runs it too)
 #   test-attn     the attention backends' GPU tests (kernels, graphs, engines): on a fresh machine
 #                 most of the time goes to compiling kernels, so one call may not hold them all;
 #                 test-attn-fa, test-attn-fi, test-attn-trtllm and test-attn-engine split them;
@@ -101,6 +106,8 @@ run_step() {
     ckpt-8b) [ -f $ckpt8/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-8b --out $ckpt8 ;;
     test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py tests/test_final_gpu.py -k "not server and not bench_online" ;;
     test-all) OUT=$out bash scripts/run_gpu_tests.sh ;;
+    kernels) $py scripts/bench_kernels.py --out $results/kernels_$gpu.json ;;
+    test-kernels) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py ;;
     test-tp) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_tp_gpu.py ;;
     bench-final)
       bench --engine final --workload latency --engine-arg attn=fi --name final_latency_fi_$gpu

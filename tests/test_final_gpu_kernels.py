@@ -1,7 +1,8 @@
-"""final/ on a CUDA GPU: the fused kernels against their torch references on fresh random inputs,
-and decode CUDA graphs against eager decode through the whole engine (fi and torch backends,
-every captured size with padding, radix hits, chunked prompts, preemption and aborts), and the
-graphs' memory inside the --memory-ratio budget."""
+"""final/ on a CUDA GPU: the fused kernels (FlashInfer's, final/kernels' Triton kernels, FlashInfer
+sampling) against their torch references on fresh random inputs; the engine with final/kernels
+against without; decode CUDA graphs against eager decode through the whole engine (fi and torch
+backends, every captured size with padding, radix hits, chunked prompts, preemption and aborts),
+and the graphs' memory inside the --memory-ratio budget."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import final
 from final.core.model_config import load_model_config
 from final.core.sampling_params import SamplingParams
 from final.engine.graph import capture_sizes
+from final.engine.sampler import Sampler, min_p_mask, top_k_mask, top_p_mask
+from final.kernels import gemv, kv_write, qk_norm_rope_kv
+from final.kernels import sampling as sampling_kernels
 from final.models import fused
 from final.models.rope import RotaryEmbedding
 from tests.fixtures.gpu_compare import assert_agree_until_near_tie, free_gpu_memory
@@ -181,3 +185,195 @@ def test_overlap_equals_no_overlap_on_gpu(gpu_model_dir, attn):
     ]
     assert len(pairs) >= len(prompts) - len(aborts)
     assert_agree_until_near_tie([a for a, _ in pairs], [b for _, b in pairs], vocab, atol=0.05)
+
+
+# ------------------------------------------------------------------ final/kernels (issue 31)
+
+FP8 = torch.float8_e4m3fn
+
+
+def poisoned_pool(pages: int, page_size: int, heads: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """One layer's pool as slots (the last page the padding page), NaN everywhere: a slot the
+    kernel must not touch stays NaN."""
+    return torch.full(((pages + 1) * page_size, heads, dim), float("nan"), device="cuda").to(dtype)
+
+
+def slots_with_padding(tokens: int, pages: int, page_size: int, padding_rows: int) -> torch.Tensor:
+    live = torch.randperm(pages * page_size, device="cuda")[: tokens - padding_rows]
+    padding = torch.full((padding_rows,), pages * page_size, device="cuda")  # a graph's padding rows
+    return torch.cat([live, padding]).to(torch.int32)
+
+
+def live_part(cache: torch.Tensor, page_size: int) -> torch.Tensor:
+    return cache[: cache.shape[0] - page_size].float()  # the padding page holds garbage
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16, FP8])
+@pytest.mark.parametrize("tokens", [1, 37, 2048])
+def test_kv_write_kernel_matches_index_put(page_size, cache_dtype, tokens):
+    torch.manual_seed(tokens + page_size)
+    act = torch.float16 if cache_dtype == torch.float16 else torch.bfloat16
+    heads, kv_heads, dim, pages = 16, 8, 128, -(-tokens // page_size) + 3
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device="cuda", dtype=act) * 200  # past fp8's 448
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)  # strided, as in the model
+    v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    slots = slots_with_padding(tokens, pages, page_size, padding_rows=min(3, tokens - 1))
+    got_k, got_v = (poisoned_pool(pages, page_size, kv_heads, dim, cache_dtype) for _ in range(2))
+    want_k, want_v = got_k.clone(), got_v.clone()
+    assert kv_write.use_triton(k)
+    kv_write.store_kv(got_k, got_v, slots, k, v, 0.37, 1.9)  # the dispatch: Triton here
+    kv_write.torch_store_kv(want_k, want_v, slots, k, v, 0.37, 1.9)
+    for got, want in ((got_k, want_k), (got_v, want_v)):
+        torch.testing.assert_close(live_part(got, page_size), live_part(want, page_size), rtol=0, atol=0, equal_nan=True)  # fmt: skip
+
+
+def rope_cache(dim: int, positions: int = 4096) -> torch.Tensor:
+    inv = 1e6 ** -(torch.arange(0, dim, 2, device="cuda", dtype=torch.float32) / dim)
+    angles = torch.outer(torch.arange(positions, device="cuda", dtype=torch.float32), inv)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, FP8])
+def test_fused_qk_norm_rope_kv_kernel_matches_its_reference(page_size, norm, tokens, cache_dtype):
+    torch.manual_seed(tokens * 3 + norm)
+    heads, kv_heads, dim = 16, 8, 128
+    pages = -(-tokens // page_size) + 3
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device="cuda", dtype=torch.bfloat16) * 4
+    positions = torch.randint(0, 4096, (tokens,), device="cuda", dtype=torch.int32)
+    padding = min(2, tokens - 1)
+    positions[tokens - padding :] = 0  # padding rows: position 0, slot in the padding page
+    slots = slots_with_padding(tokens, pages, page_size, padding)
+    weights = (
+        [torch.randn(dim, device="cuda", dtype=torch.bfloat16) for _ in range(2)] if norm else [None, None]
+    )
+    got_k, got_v = (poisoned_pool(pages, page_size, kv_heads, dim, cache_dtype) for _ in range(2))
+    want_k, want_v = got_k.clone(), got_v.clone()
+    args = (qkv, heads, kv_heads, positions, rope_cache(dim))
+    q = qk_norm_rope_kv.qk_norm_rope_kv(*args, got_k, got_v, slots, *weights, 1e-6, 0.5, 2.0)
+    want_q = qk_norm_rope_kv.torch_qk_norm_rope_kv(*args, want_k, want_v, slots, *weights, 1e-6, 0.5, 2.0)
+    assert qk_norm_rope_kv.available(qkv) and q.shape == want_q.shape and q.is_contiguous()
+    assert rel_error(q, want_q) < 1e-2
+    got, want = live_part(got_k, page_size), live_part(want_k, page_size)
+    assert torch.equal(got.isnan(), want.isnan())  # written exactly where the reference writes
+    written = ~want.isnan()
+    # the norm's rsqrt may differ in its last bit: a bf16 step, which fp8 rounding may widen to one of its steps
+    step = 0.13 if cache_dtype == FP8 else 0.01
+    assert ((got[written] - want[written]).abs() <= step * want[written].abs() + 1e-2).all()
+    torch.testing.assert_close(live_part(got_v, page_size), live_part(want_v, page_size), rtol=0, atol=0, equal_nan=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", [(1024, 2048), (1024, 3072), (4096, 1024), (6144, 1024), (151936, 1024)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
+def test_gemv_matches_f_linear(shape, m):
+    n, k = shape
+    torch.manual_seed(m)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if m == 3 else None
+    got = gemv.triton_linear(x, w, bias)
+    want = torch.nn.functional.linear(x.float(), w.float(), None if bias is None else bias.float())
+    assert got.dtype == torch.bfloat16 and rel_error(got, want) < 1e-2
+
+
+def sampler_for(params: list[SamplingParams]) -> Sampler:
+    sampler = Sampler(len(params), torch.device("cuda"))
+    for row, p in enumerate(params):
+        sampler.admit(row, p)
+    return sampler
+
+
+def draw_many(sampler: Sampler, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    rows = torch.arange(len(params), device="cuda", dtype=torch.int32)
+    return sampler.sample(logits, rows, params, [None] * len(params)).tokens
+
+
+def test_flashinfer_greedy_and_top_k_1_rows_are_argmax_exactly():
+    torch.manual_seed(0)
+    logits = torch.randn(256, 151936, device="cuda", dtype=torch.bfloat16) * 3
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.6, top_k=1),
+        SamplingParams(temperature=0.6),
+    ]
+    params = [params[i % 3] for i in range(256)]
+    assert sampling_kernels.available(logits)
+    tokens = draw_many(sampler_for(params), logits, params)
+    greedy = torch.tensor([i % 3 != 2 for i in range(256)], device="cuda")
+    assert torch.equal(tokens[greedy], logits.argmax(-1)[greedy])
+    assert tokens.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"top_k": 5},
+        {"top_p": 0.7},
+        {"min_p": 0.1},
+        {"top_k": 8, "top_p": 0.8},
+        {"top_k": 10, "top_p": 0.9, "min_p": 0.05},
+    ],
+)
+@pytest.mark.parametrize("temperature", [0.6, 1.0])
+def test_flashinfer_sampling_draws_the_reference_distribution(monkeypatch, kwargs, temperature):
+    """Many draws of one row (its copies fill a batch) through FlashInfer's kernels: the
+    frequencies must be the reference's masked softmax, token by token."""
+    calls = []
+    real = sampling_kernels.flashinfer_sample
+    monkeypatch.setattr(
+        sampling_kernels, "flashinfer_sample", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    torch.manual_seed(1)
+    vocab, n = 40, 4096
+    # distinct logits even in bf16 (0.15 apart): a tie at the top-k boundary would be a coin toss
+    row = torch.linspace(-3, 3, vocab, device="cuda")[torch.randperm(vocab, device="cuda")]
+    p = SamplingParams(temperature=temperature, **kwargs)
+    params = [p] * n
+    sampler = sampler_for(params)
+    counts = torch.zeros(vocab, device="cuda")
+    for _ in range(50):  # 204,800 draws
+        tokens = draw_many(sampler, row.to(torch.bfloat16).expand(n, vocab), params)
+        counts += torch.bincount(tokens, minlength=vocab)
+    assert calls, "the FlashInfer path did not run"
+    scaled = row.to(torch.bfloat16).float().unsqueeze(0) / temperature
+    scaled = top_k_mask(scaled, torch.tensor([p.top_k if p.top_k > 0 else vocab], device="cuda"))
+    scaled = top_p_mask(scaled, torch.tensor([p.top_p], device="cuda"))
+    want = min_p_mask(scaled, torch.tensor([p.min_p], device="cuda")).softmax(-1)[0]
+    freq = counts / counts.sum()
+    assert (freq[want == 0] == 0).all(), "a filtered token was drawn"
+    torch.testing.assert_close(freq, want, atol=0.006, rtol=0)  # ~5 standard errors at p = 0.5
+
+
+@pytest.fixture(scope="module")
+def gpu_llama_dir(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("gpu_kernels_llama"), "llama", head_dim=128)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("attn", ["fi", "torch"])
+def test_engine_kernels_on_equal_kernels_off(request, monkeypatch, arch, attn):
+    """The engine with final/kernels (fused norm + RoPE + K/V write, the GEMV forced on, bf16
+    logits into FlashInfer's sampler) against the op-by-op path with torch's K/V store and
+    F.linear, greedy, graphs on: the same tokens until a near tie."""
+    model_dir = request.getfixturevalue("gpu_model_dir" if arch == "qwen3" else "gpu_llama_dir")
+    prompts = sample_prompts(model_dir, n=12, seed=41)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=10**6)
+    outs = {}
+    for kernels in (False, True):
+        with monkeypatch.context() as patch:
+            if kernels:
+                patch.setattr(gemv, "GEMV_MAX_M", 8)
+            else:
+                patch.setattr(qk_norm_rope_kv, "available", lambda qkv: False)
+                patch.setattr(kv_write, "use_triton", lambda x: False)
+            llm = engine(model_dir, attn, 16, max_prefill_length=64)
+            outs[kernels] = llm.generate(prompts, params)
+            vocab = llm.config.vocab_size
+            del llm
+            free_gpu_memory()
+    compared = assert_agree_until_near_tie(outs[True], outs[False], vocab, atol=0.1)
+    assert compared >= 4 * len(prompts)

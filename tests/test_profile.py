@@ -270,6 +270,10 @@ KNOWN_KERNELS = [  # (name in a trace, short name, category)
         "copy/index",
     ),  # fmt: skip
     ("triton_poi_fused_add_mul_0", "triton_poi_fused_add_mul_0", "elementwise"),
+    # final/kernels' Triton kernels, by their function names
+    ("store_kv_kernel", "store_kv_kernel", "kv-store"),
+    ("fused_qk_norm_rope_store_kv_kernel", "fused_qk_norm_rope_store_kv_kernel", "kv-store"),
+    ("gemv_kernel", "gemv_kernel", "gemm"),
     ("void my_own_kernel<3>(float*)", "my_own_kernel", "other"),
 ]
 

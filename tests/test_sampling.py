@@ -209,3 +209,122 @@ def test_logprobs_are_log_softmax_of_the_raw_logits(impl):
 def test_invalid_values_are_user_errors(impl, kwargs):
     with pytest.raises(impl.UserError):
         impl.Params(**kwargs)
+
+
+# ------------------------------------------------- final's FlashInfer path, FlashInfer stood in
+
+
+class FakeFlashInferSampling:
+    """flashinfer.sampling's functions as its documentation describes them, in torch, recording
+    which were called: the sampler's chain of them is checked on the CPU; the kernels themselves
+    on a GPU (tests/test_final_gpu_kernels.py)."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        mod = final.engine.sampler
+        self.keep_top_k = lambda p, k: mod.top_k_mask(p.log(), k).softmax(-1)
+        self.keep_top_p = lambda p, top_p: mod.top_p_mask(p.log(), top_p).softmax(-1)
+        self.keep_min_p = lambda p, min_p: mod.min_p_mask(p.log(), min_p).softmax(-1)
+
+    def _draw(self, name: str, probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        self.calls.append(name)
+        return torch.multinomial(probs, 1).squeeze(-1).to(indices.dtype)
+
+    def softmax(self, logits, temperature):
+        self.calls.append("softmax")
+        assert temperature.dtype == torch.float32 and temperature.shape == logits.shape[:1]
+        return (logits.float() / temperature.unsqueeze(-1)).softmax(-1)
+
+    def top_k_renorm_probs(self, probs, top_k):
+        self.calls.append("top_k_renorm_probs")
+        return self.keep_top_k(probs, top_k)
+
+    def top_p_renorm_probs(self, probs, top_p):
+        self.calls.append("top_p_renorm_probs")
+        return self.keep_top_p(probs, top_p)
+
+    def top_k_sampling_from_probs(self, probs, top_k, indices):
+        return self._draw("top_k_sampling_from_probs", self.keep_top_k(probs, top_k), indices)
+
+    def top_p_sampling_from_probs(self, probs, top_p, indices):
+        return self._draw("top_p_sampling_from_probs", self.keep_top_p(probs, top_p), indices)
+
+    def min_p_sampling_from_probs(self, probs, min_p, indices):
+        return self._draw("min_p_sampling_from_probs", self.keep_min_p(probs, min_p), indices)
+
+    def sampling_from_probs(self, probs, indices):
+        return self._draw("sampling_from_probs", probs, indices)
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    from final.kernels import sampling as kernels
+
+    fake = FakeFlashInferSampling()
+    monkeypatch.setattr(kernels, "_flashinfer_sampling", lambda: fake)
+    monkeypatch.setattr(kernels, "available", lambda logits: True)
+    return fake
+
+
+def reference_distribution(logits: torch.Tensor, p) -> torch.Tensor:
+    """The distribution the reference sampler draws from for one row: its masks, its softmax."""
+    mod = final.engine.sampler
+    scaled = logits.float() / p.temperature
+    if p.top_k > 0:
+        scaled = mod.top_k_mask(scaled.unsqueeze(0), torch.tensor([p.top_k]))[0]
+    scaled = mod.top_p_mask(scaled.unsqueeze(0), torch.tensor([p.top_p]))[0]
+    return mod.min_p_mask(scaled.unsqueeze(0), torch.tensor([p.min_p]))[0].softmax(-1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, chain",
+    [
+        ({}, ["softmax", "sampling_from_probs"]),
+        ({"top_k": 3}, ["softmax", "top_k_sampling_from_probs"]),
+        ({"top_p": 0.7}, ["softmax", "top_p_sampling_from_probs"]),
+        ({"min_p": 0.2}, ["softmax", "min_p_sampling_from_probs"]),
+        ({"top_k": 4, "top_p": 0.8}, ["softmax", "top_k_renorm_probs", "top_p_sampling_from_probs"]),
+        ({"top_k": 4, "min_p": 0.3}, ["softmax", "top_k_renorm_probs", "min_p_sampling_from_probs"]),
+        (
+            {"top_k": 5, "top_p": 0.9, "min_p": 0.1},
+            ["softmax", "top_k_renorm_probs", "top_p_renorm_probs", "min_p_sampling_from_probs"],
+        ),
+    ],
+)
+def test_final_flashinfer_chain_samples_the_reference_distribution(fake_flashinfer, kwargs, chain):
+    """The FlashInfer path's filters in the reference's order (renorm, then the next filter) draw
+    from the distribution the reference's masks define."""
+    Params = final.core.sampling_params.SamplingParams
+    torch.manual_seed(5)
+    logits = torch.randn(12).to(torch.bfloat16) * 2  # the model's dtype, as the sampler gets it
+    p = Params(temperature=0.7, **kwargs)
+    n = 20000
+    out = final.engine.sampler.sample(logits.expand(n, 12), [p] * n)
+    assert fake_flashinfer.calls == chain
+    assert out.tokens.dtype == torch.int64
+    freq = torch.bincount(out.tokens, minlength=12).float() / n
+    torch.testing.assert_close(freq, reference_distribution(logits, p), atol=0.015, rtol=0)
+
+
+def test_final_flashinfer_path_keeps_greedy_rows_and_seeded_requests(fake_flashinfer):
+    Params = final.core.sampling_params.SamplingParams
+    logits = torch.randn(4, 30)
+    params = [
+        Params(temperature=0),
+        Params(temperature=0.8),
+        Params(top_k=1),
+        Params(temperature=0.8, top_p=0.5),
+    ]
+    out = final.engine.sampler.sample(logits, params)
+    assert [out.tokens[i].item() for i in (0, 2)] == [logits[0].argmax().item(), logits[2].argmax().item()]
+    assert fake_flashinfer.calls == ["softmax", "top_p_sampling_from_probs"]
+    fake_flashinfer.calls.clear()
+    assert (
+        final.engine.sampler.sample(logits, [Params(temperature=0)] * 4).tokens.tolist()
+        == logits.argmax(-1).tolist()
+    )
+    assert fake_flashinfer.calls == []  # all greedy: an argmax, no sampling kernel
+    seeded = Params(temperature=0.8, seed=7)
+    gens = [final.engine.sampler.make_generator(seeded, torch.device("cpu")) for _ in range(4)]
+    final.engine.sampler.sample(logits, [seeded] * 4, gens)
+    assert fake_flashinfer.calls == []  # a request with its own seed takes the reference path

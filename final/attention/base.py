@@ -3,7 +3,8 @@
 A backend owns how attention reads the paged KV pool. Once per step `prepare(batch)` turns the
 batch's page-table rows and lengths into whatever its kernel wants (index lists, a plan); then
 each layer calls `forward` with the new tokens' q, k, v. Writing k and v into the pool is the
-backend's job too, because some kernels do it themselves.
+backend's job too (`write_kv`), unless the model wrote them already with its fused norm + RoPE +
+write kernel: it then passes k and v as None, having asked `layer_kv` where they go.
 
 CUDA-graph decode (engine/graph.py) captures `forward` once per batch size and replays it: the
 metadata a captured kernel reads must then live in buffers whose addresses never change, and
@@ -18,7 +19,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from ..core.forward_batch import ForwardBatch
+from ..core.forward_batch import ForwardBatch, LayerKV
 from ..core.model_config import ModelConfig
 from ..kvcache import KVPool, PageTable
 
@@ -40,9 +41,26 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        batch: ForwardBatch,
     ) -> torch.Tensor:
-        """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] of this step's tokens -> [T, heads * head_dim]."""
+        """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] of this step's tokens (None:
+        already in the pool) -> [T, heads * head_dim]."""
+
+    def layer_kv(self, layer: int) -> LayerKV:
+        """Where layer `layer`'s K and V live: for a model that writes them itself."""
+        return self.pool.layer_kv(layer)
+
+    def write_kv(
+        self, layer: int, k: torch.Tensor | None, v: torch.Tensor | None, batch: ForwardBatch
+    ) -> None:
+        """The step's K and V into the pool at the batch's slots, unless the model wrote them."""
+        if k is not None and v is not None:
+            self.pool.store(layer, batch.out_slots, k, v)
 
     def graph_unsupported_reason(self, max_batch: int) -> str | None:
         """Why decode steps of up to `max_batch` rows cannot be captured (None: they can)."""

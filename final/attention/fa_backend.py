@@ -174,7 +174,7 @@ class FlashAttentionBackend(PagedBackend):
         self.kernels: Kernels = kernels(module)
 
     def forward(self, layer, q, k, v, batch):
-        self.pool.store(layer, batch.out_slots, k, v)
+        self.write_kv(layer, k, v, batch)
         k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
         run = self.kernels.prefill if batch.is_prefill else self.kernels.decode
         out = run(q, k_cache, v_cache, self.metadata, self.scale)

@@ -152,7 +152,7 @@ class FlashInferBackend(AttentionBackend):
         self._plan(self.current, batch)
 
     def forward(self, layer, q, k, v, batch):
-        self.pool.store(layer, batch.out_slots, k, v)
+        self.write_kv(layer, k, v, batch)
         wrapper = self.prefill_wrapper if batch.is_prefill else self.current
         out = wrapper.run(q, (self.pool.k[layer], self.pool.v[layer]))
         return out.reshape(q.shape[0], -1)

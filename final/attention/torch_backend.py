@@ -42,11 +42,11 @@ class TorchBackend(AttentionBackend):
         self.starts = starts
 
     def forward(self, layer, q, k, v, batch):
-        self.pool.store(layer, batch.out_slots, k, v)
+        self.write_kv(layer, k, v, batch)
         if self.graph_mode:
             return self._padded_decode(layer, q, batch)
-        k_pool = self.pool.k[layer].view(-1, *k.shape[1:])  # [slots, kv_heads, head_dim]
-        v_pool = self.pool.v[layer].view(-1, *v.shape[1:])
+        cache = self.pool.layer_kv(layer)
+        k_pool, v_pool = cache.k, cache.v  # [slots, kv_heads, head_dim]
         out = torch.empty_like(q)
         for i, slots in enumerate(self.kv_slots):
             start, end = self.starts[i], self.starts[i + 1]
@@ -85,9 +85,9 @@ class TorchBackend(AttentionBackend):
         pages = self.page_table.table[batch.rows].long()  # [B, width]
         offsets = torch.arange(page_size, device=q.device)
         slots = (pages.unsqueeze(-1) * page_size + offsets).reshape(rows, -1)  # [B, L]
-        kv_heads, head_dim = self.pool.kv_heads, self.config.head_dim
-        keys = self.pool.k[layer].view(-1, kv_heads, head_dim)[slots].transpose(1, 2)  # [B, kv, L, D]
-        values = self.pool.v[layer].view(-1, kv_heads, head_dim)[slots].transpose(1, 2)
+        cache = self.pool.layer_kv(layer)
+        keys = cache.k[slots].transpose(1, 2)  # [B, kv_heads, L, head_dim]
+        values = cache.v[slots].transpose(1, 2)
         visible = torch.arange(slots.shape[1], device=q.device) < batch.seq_lens_t.unsqueeze(1)  # [B, L]
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),

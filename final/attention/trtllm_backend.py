@@ -41,7 +41,7 @@ class TrtllmBackend(PagedBackend):
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.k.device)
 
     def forward(self, layer, q, k, v, batch):
-        self.pool.store(layer, batch.out_slots, k, v)
+        self.write_kv(layer, k, v, batch)
         kv_cache = (self.pool.k[layer], self.pool.v[layer])  # [pages, page_size, kv_heads, head_dim]
         m = self.metadata
         q = q.contiguous()  # the model's q is a strided view of the fused qkv projection

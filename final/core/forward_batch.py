@@ -70,9 +70,32 @@ class ForwardBatch:
         return int(self.input_ids.shape[0])
 
 
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's K and V in the pool, every page flattened to token slots: [slots, kv_heads,
+    head_dim] each (slot = page * page_size + offset), and the scale each is stored with
+    (x / scale; 1.0 unless the pool holds fp8)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+
 class Attention(Protocol):
-    """What a model layer calls: attention over the pool for this batch (see final/attention)."""
+    """What a model layer calls: attention over the pool for this batch (see final/attention).
+
+    Writing the step's K and V into the pool is the backend's job unless the model did it itself
+    (a fused norm + RoPE + write kernel, kernels/qk_norm_rope_kv.py): it then passes k and v as
+    None, and `layer_kv` told it where to write."""
+
+    def layer_kv(self, layer: int) -> LayerKV: ...
 
     def forward(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        batch: ForwardBatch,
     ) -> torch.Tensor: ...

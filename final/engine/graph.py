@@ -101,7 +101,8 @@ class GraphRunner:
         self.sizes = capture_sizes(max_batch)
         self.max_batch = max_batch
         device = runner.device
-        self.logits = torch.zeros(max_batch, runner.config.vocab_size, dtype=torch.float32, device=device)
+        # In the model's dtype, as the model returns them: the sampler reads bf16 logits as they are.
+        self.logits = torch.zeros(max_batch, runner.config.vocab_size, dtype=runner.dtype, device=device)
         # Every row of a decode graph is a request's last token: the model's "last token" indices.
         self.every_row = torch.arange(max_batch, dtype=torch.int64, device=device)
         self.sampled_index = torch.zeros(max_batch, dtype=torch.int64, device=device)
@@ -150,4 +151,6 @@ class GraphRunner:
         pad = size - step.size
         self.runner.backend.prepare_for_replay(self._batch(size, step.seq_lens + [1] * pad))
         self.graphs[size].replay()
+        if sampled == step.size:  # every request is sampled (a decode step's usual case): no copy
+            return self.logits[:sampled]
         return self.logits[:size].index_select(0, self.sampled_index[:sampled])

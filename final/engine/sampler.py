@@ -9,6 +9,11 @@ Every running request's parameters live in device tensors indexed by its page-ta
 once when the request gets its row (`Sampler.admit`); a step gathers them by the sampled rows. So
 a step builds no tensor from Python lists (which would wait for the GPU to catch up), and the one
 device-to-host copy of a step is its sampled tokens.
+
+On a GPU with FlashInfer the draw runs FlashInfer's sampling kernels (kernels/sampling.py), which
+sort nothing; the torch code below is the reference, and what runs on the CPU and for requests
+with their own seed. The logits arrive in the model's dtype: argmax and log_softmax read bf16 as
+it is, and only the reference draw makes a float32 copy.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from typing import Any
 import torch
 
 from ..core.errors import UserError
-from ..core.sampling_params import SamplingParams
+from ..core.sampling_params import INT32_MAX, SamplingParams
+from ..kernels import sampling as sampling_kernels
 
 # Below this temperature a draw is an argmax in all but name, and dividing by it overflows the
 # logits: such requests are sampled greedily.
@@ -122,10 +128,13 @@ class Sampler:
     def __init__(self, num_rows: int, device: torch.device):
         self.device = device
         self.temperature = torch.ones(num_rows, device=device)
-        self.top_k = torch.zeros(num_rows, dtype=torch.int32, device=device)  # 0: no top-k
+        # No top-k is stored as INT32_MAX: at or above the vocabulary, which keeps every token
+        # in the reference and in FlashInfer's kernels alike.
+        self.top_k = torch.full((num_rows,), INT32_MAX, dtype=torch.int32, device=device)
         self.top_p = torch.ones(num_rows, device=device)
         self.min_p = torch.zeros(num_rows, device=device)
         self.greedy = torch.zeros(num_rows, dtype=torch.bool, device=device)
+        self.row_index = torch.arange(num_rows, device=device)  # int64: FlashInfer's output dtype
 
     @staticmethod
     def check(params: SamplingParams) -> None:
@@ -142,7 +151,7 @@ class Sampler:
         greedy = is_greedy(params)
         self.greedy[row] = greedy
         self.temperature[row] = 1.0 if greedy else float(params.temperature)
-        self.top_k[row] = max(int(params.top_k), 0)
+        self.top_k[row] = int(params.top_k) if params.top_k > 0 else INT32_MAX
         self.top_p[row] = float(params.top_p)
         self.min_p[row] = float(params.min_p)
 
@@ -155,22 +164,52 @@ class Sampler:
     ) -> SampleOutput:
         """The next token of every row of `logits` [S, vocab]; request i sits in page-table row
         rows[i] and has `params[i]` (read on the host only to choose which filters run)."""
-        logits = logits.float()
-        greedy_tokens = logits.argmax(dim=-1)
-        if all(is_greedy(p) for p in params):
-            tokens = greedy_tokens
+        greedy = [is_greedy(p) for p in params]
+        if all(greedy):
+            tokens = logits.argmax(dim=-1)
         else:
-            scaled = logits / self.temperature[rows].unsqueeze(-1)
-            ks = [p.top_k for p in params]
-            if any(k > 1 for k in ks):
-                max_k = None if any(k <= 0 for k in ks) else max(ks)  # a row without top-k needs all
-                scaled = top_k_mask(scaled, self.top_k[rows], max_k)
-            if any(p.top_p < 1 for p in params):
-                scaled = top_p_mask(scaled, self.top_p[rows])
-            if any(p.min_p > 0 for p in params):
-                scaled = min_p_mask(scaled, self.min_p[rows])
-            tokens = torch.where(self.greedy[rows], greedy_tokens, draw(scaled.softmax(dim=-1), generators))
+            if sampling_kernels.available(logits) and all(g is None for g in generators):
+                drawn = self._flashinfer_draw(logits, rows, params)
+            else:
+                drawn = self._reference_draw(logits.float(), rows, params, generators)
+            # argmax only when some row is greedy: a batch of sampled rows skips it
+            if any(greedy):
+                drawn = torch.where(torch.index_select(self.greedy, 0, rows), logits.argmax(dim=-1), drawn)
+            tokens = drawn
         return SampleOutput(tokens=tokens, logprobs=_logprobs(logits, tokens, params))
+
+    def _reference_draw(
+        self,
+        logits: torch.Tensor,
+        rows: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:
+        scaled = logits / self.temperature[rows].unsqueeze(-1)
+        ks = [p.top_k for p in params]
+        if any(k > 1 for k in ks):
+            max_k = None if any(k <= 0 for k in ks) else max(ks)  # a row without top-k needs all
+            scaled = top_k_mask(scaled, self.top_k[rows], max_k)
+        if any(p.top_p < 1 for p in params):
+            scaled = top_p_mask(scaled, self.top_p[rows])
+        if any(p.min_p > 0 for p in params):
+            scaled = min_p_mask(scaled, self.min_p[rows])
+        return draw(scaled.softmax(dim=-1), generators)
+
+    def _flashinfer_draw(
+        self, logits: torch.Tensor, rows: torch.Tensor, params: list[SamplingParams]
+    ) -> torch.Tensor:
+        def gather(table: torch.Tensor, wanted: bool) -> torch.Tensor | None:
+            return torch.index_select(table, 0, rows) if wanted else None  # int32 rows, no cast
+
+        return sampling_kernels.flashinfer_sample(
+            logits,
+            torch.index_select(self.temperature, 0, rows),
+            top_k=gather(self.top_k, any(p.top_k > 1 for p in params)),
+            top_p=gather(self.top_p, any(p.top_p < 1 for p in params)),
+            min_p=gather(self.min_p, any(p.min_p > 0 for p in params)),
+            row_index=self.row_index[: logits.shape[0]],
+        )
 
 
 def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
@@ -199,8 +238,9 @@ def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingP
     wanted = [p.logprobs for p in params]
     if all(n is None for n in wanted):
         return None
-    # Log-probabilities of the model's own distribution (before temperature and filters).
-    logp = logits.log_softmax(dim=-1)
+    # Log-probabilities of the model's own distribution (before temperature and filters), in
+    # float32 whatever the logits' dtype (computed so, not copied first).
+    logp = logits.log_softmax(dim=-1, dtype=torch.float32)
     top_n = max(n or 0 for n in wanted)
     chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     if not top_n:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ..core.forward_batch import LayerKV
 from ..core.model_config import ModelConfig
+from ..kernels.kv_write import store_kv
 
 
 class KVPool:
@@ -30,12 +32,19 @@ class KVPool:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.num_pages, self.page_size = num_pages, page_size
         self.padding_page = num_pages
+        # Each layer's pages as token slots, made once (a step writes every layer).
+        slots = (config.num_layers, (num_pages + 1) * page_size, self.kv_heads, config.head_dim)
+        self.layers = [LayerKV(k, v) for k, v in zip(self.k.view(slots), self.v.view(slots), strict=True)]
+
+    def layer_kv(self, layer: int) -> LayerKV:
+        return self.layers[layer]
 
     def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write the K and V of T tokens [T, kv_heads, head_dim] at token slots [T], where slot
-        = page * page_size + offset in the page."""
-        self.k[layer].view(-1, *k.shape[1:])[slots] = k
-        self.v[layer].view(-1, *v.shape[1:])[slots] = v
+        """Write the K and V of T tokens [T, kv_heads, head_dim] at token slots [T] (int32 or int64),
+        where slot = page * page_size + offset in the page: one Triton kernel on a GPU
+        (kernels/kv_write.py), torch's index_put elsewhere."""
+        dest = self.layers[layer]
+        store_kv(dest.k, dest.v, slots, k, v, dest.k_scale, dest.v_scale)
 
     @staticmethod
     def bytes_per_page(

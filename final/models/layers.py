@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import TPInfo
+from ..kernels import gemv
 from . import fused
 
 
@@ -66,7 +67,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return gemv.linear(x, self.weight, self.bias)  # F.linear, or a GEMV at decode sizes
 
     def _param(self, name: str) -> torch.Tensor:
         target = self.weight if name == "weight" else self.bias
@@ -126,7 +127,7 @@ class RowParallelLinear(Linear):
         self.tp, self.full_in = tp, in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(gemv.linear(x, self.weight))
         return y if self.bias is None else y + self.bias  # the bias once, after the sum
 
     def load_weight(self, name: str, part: int, tensor: CheckpointTensor) -> None:
@@ -169,7 +170,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     logits of its slice of the vocabulary, and an all-gather puts them side by side."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        logits = self.tp.all_gather(F.linear(x, self.weight))
+        logits = self.tp.all_gather(gemv.linear(x, self.weight))
         return logits[..., : self.vocab_size]
 
 

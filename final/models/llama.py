@@ -14,6 +14,7 @@ from torch import nn
 from ..core.forward_batch import Attention, ForwardBatch
 from ..core.model_config import ModelConfig
 from ..distributed import TPInfo
+from ..kernels import qk_norm_rope_kv
 from .layers import (
     MergedColumnLinear,
     ParallelLMHead,
@@ -62,7 +63,19 @@ class SelfAttention(nn.Module):
         batch: ForwardBatch,
     ) -> torch.Tensor:
         tokens = x.shape[0]  # the new tokens of every request in the batch, concatenated
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        if qk_norm_rope_kv.available(qkv):
+            # One kernel: the q/k norm, RoPE, and k and v written into the pool; the backend
+            # then only attends (k and v None: already written).
+            cache = attn.layer_kv(self.layer)
+            weights = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
+            eps = self.q_norm.eps if self.qk_norm else 0.0
+            q = qk_norm_rope_kv.qk_norm_rope_kv(
+                qkv, self.num_heads, self.num_kv_heads, positions, rope.cos_sin, cache.k, cache.v,
+                batch.out_slots, *weights, eps, cache.k_scale, cache.v_scale,
+            )  # fmt: skip
+            return self.o_proj(attn.forward(self.layer, q, None, None, batch))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -113,7 +126,8 @@ class DecoderStack(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """forward(batch) -> logits [batch size, vocab] of each request's last token only."""
+    """forward(batch) -> logits [batch size, vocab] of each request's last token only, in the
+    model's dtype (the sampler reads bf16 as it is: no float32 copy of a [batch, 152k] tensor)."""
 
     packed_modules = PACKED_MODULES
 
@@ -134,4 +148,4 @@ class LlamaForCausalLM(nn.Module):
         # The LM head is the largest matmul of a step; a prefill of T tokens needs only B rows of it.
         last = batch.last_token_index
         x, _ = self.model.norm.add_and_norm(x[last], residual[last])
-        return self.lm_head(x).float()
+        return self.lm_head(x)

@@ -1,0 +1,45 @@
+"""Our own GPU kernels (Triton) and the FlashInfer calls the engine makes outside attention, each
+beside the torch code it replaces.
+
+    kv_write.py         K and V of a step's tokens into the paged pool: one kernel a layer
+    qk_norm_rope_kv.py  Qwen3's per-head q/k RMSNorm, RoPE and the K/V write: one kernel a layer
+    sampling.py         FlashInfer's sampling kernels with per-row parameters
+    gemv.py             small-batch linear layers (decode at batch 1-4) that read weights faster
+                        than cuBLAS does at those shapes
+
+Every file holds the torch reference (what runs on the CPU, for float32, and where Triton or
+FlashInfer is missing), the kernel, and a dispatch that picks one. The references are what the
+tests compare the kernels with: on a GPU (tests/test_final_gpu_kernels.py,
+scripts/bench_kernels.py) and on the CPU through Triton's interpreter
+(tests/test_final_kernels_interpret.py).
+
+Triton is imported only when a kernel is first built (`triton_available`, the `_jit` builders):
+a CPU install may not have it, and importing it costs start-up time the CLI should not pay.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether our Triton kernels serve this activation: a CUDA half-precision tensor, Triton installed."""
+    return x.is_cuda and x.dtype in HALF and triton_available()
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()

@@ -1,0 +1,146 @@
+"""Linear layers at decode batch sizes: y = x W^T (+ b) for a handful of rows x, read at the speed of
+memory.
+
+With one to four tokens a decode step's matmuls are matrix-vector products: all the time goes to
+reading W once. cuBLAS tiles the output, so an output of 1,024 features (Qwen3-0.6B's o_proj and
+down_proj) keeps a few tiles' worth of SMs busy and reads W at 0.3-0.6 TB/s on an H200 (issue 31:
+o_proj 13.9 us, down_proj 10.5 us). Here each program reads BLOCK_N whole rows of W, so even
+N = 1,024 rows make hundreds of programs and every SM streams its share; the x rows are reloaded
+by every program, from L2. Splitting K over programs as well (split-K) would need a second kernel
+or atomics to add the partial sums, and rows alone already give enough programs for these shapes.
+
+Used only below a measured batch size: GEMV_MAX_M is 0 (off) until scripts/bench_kernels.py has
+measured where the kernel beats cuBLAS on the GPU, and GEMV_MAX_N keeps it off the LM head
+(151,936 rows, which cuBLAS reads at 4 TB/s) unless measured otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from . import next_power_of_2, use_triton
+
+GEMV_MAX_M = 0  # the largest token count that takes the kernel (0: never); set from the benchmark
+GEMV_MAX_N = 65536  # output features above this stay with cuBLAS (the LM head) unless measured
+
+
+class GemvConfig(NamedTuple):
+    block_n: int  # rows of W a program reads
+    block_k: int  # columns per loop step
+    num_warps: int
+
+
+def default_config(m: int, n: int, k: int) -> GemvConfig:
+    """A tile of about 4,096 weights (32 a thread at 4 warps), as much of K as that allows, so that
+    most rows take a single loop step with all their loads in flight at once; 2 rows a program up
+    to N = 2,048 (at least 512 programs for N = 1,024), 4 above (x is reloaded per program)."""
+    block_n = 2 if n <= 2048 else 4
+    return GemvConfig(block_n, min(next_power_of_2(k), 4096 // block_n), 4)
+
+
+def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+@functools.cache
+def _jit():
+    """The Triton kernel, built on first use."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_kernel(
+        x,
+        w,
+        bias,
+        y,
+        M,
+        N,
+        x_row_stride,
+        w_row_stride,
+        y_row_stride,
+        K: tl.constexpr,  # a compile-time constant: a handful of shapes, and a loop of known length
+        HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = tl.arange(0, BLOCK_M)
+        n_in = n < N
+        w_rows = w + n.to(tl.int64)[:, None] * w_row_stride
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for start in range(0, K, BLOCK_K):
+            col = start + tl.arange(0, BLOCK_K)
+            col_in = col < K
+            tile = tl.load(w_rows + col[None, :], mask=n_in[:, None] & col_in[None, :], other=0.0)
+            tile = tile.to(tl.float32)  # [BLOCK_N, BLOCK_K]
+            for row in tl.static_range(BLOCK_M):  # a few rows: one dot product each, no 3-D temporaries
+                xs = tl.load(x + row * x_row_stride + col, mask=col_in & (row < M), other=0.0)
+                part = tl.sum(tile * xs.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
+                acc += tl.where(m[:, None] == row, part[None, :], 0.0)
+        if HAS_BIAS:
+            acc += tl.load(bias + n, mask=n_in, other=0.0).to(tl.float32)[None, :]
+        out = y + m[:, None] * y_row_stride + n[None, :]
+        tl.store(out, acc.to(y.dtype.element_ty), mask=(m < M)[:, None] & n_in[None, :])
+
+    return gemv_kernel
+
+
+def triton_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """The kernel: x [M, K] (M small), weight [N, K], bias [N] -> [M, N] in x's dtype."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert weight.shape[1] == k and weight.stride(1) == 1, "W must be row-major [N, K]"
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    config = config or default_config(m, n, k)
+    grid = (-(-n // config.block_n),)
+    _jit()[grid](
+        x,
+        weight,
+        bias if bias is not None else weight,  # not read without a bias
+        y,
+        m,
+        n,
+        x.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        K=k,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=next_power_of_2(m),
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        num_warps=config.num_warps,
+    )
+    return y
+
+
+def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        x.dim() == 2
+        and 0 < x.shape[0] <= GEMV_MAX_M  # read at each call: a test or the benchmark may set it
+        and weight.shape[0] <= GEMV_MAX_N
+        and weight.dtype == x.dtype
+        and weight.stride(1) == 1
+        and use_triton(x)
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, through the GEMV kernel where it was measured faster (see GEMV_MAX_M)."""
+    if use_gemv(x, weight):
+        return triton_linear(x, weight, bias)
+    return F.linear(x, weight, bias)

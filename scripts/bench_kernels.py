@@ -1,0 +1,324 @@
+"""Check and time final/kernels on a CUDA GPU against the torch code they replace, at Qwen3-0.6B's
+shapes: the K/V write, the fused q/k norm + RoPE + K/V write, sampling, and the small-M GEMV.
+
+Every kernel is first checked against its reference on fresh random inputs (pools poisoned with
+NaN, page sizes 1, 16 and 64, CUDA-graph padding rows), then both are timed: `graph_us` is the
+median of CUDA-graph replays (triton.testing.do_bench_cudagraph: launch cost out, as in a
+captured decode step), `gpu_us` the GPU's kernel time per call under the torch profiler (for the
+sampler, which runs outside the graphs, its host time shows in `wall_us`). One JSON result,
+a short table, and exit status 1 if a check failed:
+
+    python scripts/bench_kernels.py --out benchmarks/results/h200/kernels_h200.json
+
+`--smoke` runs the same code on the CPU at toy shapes through Triton's interpreter (float16, no
+fp8, no FlashInfer, wall-clock times that mean nothing): tests/test_final_kernels_interpret.py
+runs it, so the script cannot rot between GPU runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from final.core.sampling_params import SamplingParams  # noqa: E402
+from final.engine.sampler import Sampler  # noqa: E402
+from final.kernels import gemv, kv_write, qk_norm_rope_kv  # noqa: E402
+from final.kernels import sampling as sampling_kernels  # noqa: E402
+from final.models import fused  # noqa: E402
+from stages.common.bench import stamp_run_id  # noqa: E402
+from stages.common.hardware import describe, versions  # noqa: E402
+
+BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class Setup:
+    device: str
+    heads: int
+    kv_heads: int
+    dim: int
+    vocab: int
+    gemv_shapes: dict[str, tuple[int, int]]  # name -> (N, K) of W
+    tokens: tuple[int, ...]
+    batches: tuple[int, ...]
+    ms: tuple[int, ...]
+    act: torch.dtype
+    cache_dtypes: tuple[torch.dtype, ...]
+
+
+QWEN3_06B = Setup(
+    "cuda", 16, 8, 128, 151936,
+    {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072), "lm_head": (151936, 1024)},
+    (1, 64, 256, 4096), (1, 64, 256), (1, 2, 4, 8), BF16, (BF16, FP8),
+)  # fmt: skip
+SMOKE = Setup(
+    "cpu", 4, 2, 16, 64, {"qkv": (64, 32), "o": (32, 64), "gate_up": (96, 32), "down": (32, 48), "lm_head": (64, 32)},
+    (1, 5), (1, 3), (1, 2), FP16, (FP16,),
+)  # fmt: skip
+LAYER_SHAPES = ("qkv", "o", "gate_up", "down")
+
+
+def gpu_us(fn, iters: int = 30) -> float:
+    """GPU time per call: the kernels' durations in a profiled window, summed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        events = json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"]
+    kinds = ("kernel", "gpu_memcpy", "gpu_memset")
+    return sum(e.get("dur", 0) for e in events if e.get("cat") in kinds) / iters
+
+
+def graph_us(fn) -> float:
+    """Median time of one call, replayed in a CUDA graph (launch cost out)."""
+    import triton.testing
+
+    return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")
+
+
+def timed(fn, graph: bool = True) -> dict[str, float]:
+    if not torch.cuda.is_available():  # --smoke: the code path only
+        start = time.perf_counter()
+        fn()
+        return {"wall_us": (time.perf_counter() - start) * 1e6}
+    import triton.testing
+
+    out = {"gpu_us": gpu_us(fn)}
+    if graph:
+        out["graph_us"] = graph_us(fn)
+    else:  # eager, host included: how the sampler runs in the engine
+        out["wall_us"] = 1e3 * triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+    return out
+
+
+class Report:
+    def __init__(self):
+        self.checks: list[dict] = []
+        self.rows: list[dict] = []
+        self.metrics: dict[str, float] = {}
+
+    def check(self, name: str, ok: bool, detail: str = "") -> None:
+        self.checks.append({"name": name, "ok": bool(ok), "detail": detail})
+        if not ok:
+            print(f"CHECK FAILED: {name} {detail}", flush=True)
+
+    def time(
+        self, kernel: str, case: str, ours: dict[str, float], reference: dict[str, float], **extra
+    ) -> None:
+        key = next(k for k in ("graph_us", "gpu_us", "wall_us") if k in ours)
+        row = {"kernel": kernel, "case": case, "ours": ours, "reference": reference, **extra}
+        row["speedup"] = reference[key] / ours[key]
+        self.rows.append(row)
+        for side, times in (("ours", ours), ("ref", reference)):
+            for what, value in times.items():
+                self.metrics[f"{kernel}_{case}_{side}_{what}"] = round(value, 3)
+        print(f"{kernel:12} {case:18} ours {ours[key]:9.2f} us   reference {reference[key]:9.2f} us   x{row['speedup']:.2f}", flush=True)  # fmt: skip
+
+
+def pool(s: Setup, tokens: int, page_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """One layer's pool as slots, NaN everywhere (a slot nothing should touch stays NaN); the last
+    page is the padding page."""
+    pages = -(-tokens // page_size) + 4
+    cache = torch.full(((pages + 1) * page_size, s.kv_heads, s.dim), float("nan"), device=s.device)
+    return cache.to(dtype), pages
+
+
+def step_slots(s: Setup, tokens: int, pages: int, page_size: int) -> torch.Tensor:
+    padding = min(3, tokens - 1)  # a graph step's padding rows share the padding page's slot
+    live = torch.randperm(pages * page_size, device=s.device)[: tokens - padding]
+    return torch.cat([live, torch.full((padding,), pages * page_size, device=s.device)]).to(torch.int32)
+
+
+def same(got: torch.Tensor, want: torch.Tensor, page_size: int, rel: float = 0.0) -> bool:
+    got, want = got[:-page_size].float(), want[:-page_size].float()  # the padding page is garbage
+    if not torch.equal(got.isnan(), want.isnan()):
+        return False
+    written = ~want.isnan()
+    slack = rel * want[written].abs() + (1e-2 if rel else 0)
+    return bool(((got[written] - want[written]).abs() <= slack).all())
+
+
+def qkv_input(s: Setup, tokens: int) -> torch.Tensor:
+    return torch.randn(tokens, (s.heads + 2 * s.kv_heads) * s.dim, device=s.device).to(s.act) * 4
+
+
+def bench_kv_write(report: Report, s: Setup) -> None:
+    for tokens in s.tokens:
+        qkv = qkv_input(s, tokens)
+        k, v = qkv[:, s.heads * s.dim :].view(tokens, 2 * s.kv_heads, s.dim).chunk(2, dim=1)  # strided views
+        for dtype in s.cache_dtypes:
+            for page_size in (1, 16, 64):
+                cache, pages = pool(s, tokens, page_size, dtype)
+                slots = step_slots(s, tokens, pages, page_size)
+                got, want = [cache.clone(), cache.clone()], [cache.clone(), cache.clone()]
+                kv_write.triton_store_kv(*got, slots, k, v, 0.4, 1.7)
+                kv_write.torch_store_kv(*want, slots, k, v, 0.4, 1.7)
+                ok = all(same(g, w, page_size) for g, w in zip(got, want, strict=True))
+                report.check(f"kv_write T={tokens} {dtype} page={page_size}", ok)
+        cache, pages = pool(s, tokens, 16, s.act)
+        slots, caches = step_slots(s, tokens, pages, 16), (cache, cache.clone())
+        ours = timed(lambda: kv_write.triton_store_kv(*caches, slots, k, v))  # noqa: B023
+        report.time("kv_write", f"t{tokens}", ours, timed(lambda: kv_write.torch_store_kv(*caches, slots, k, v)))  # noqa: B023  # fmt: skip
+
+
+def bench_fused(report: Report, s: Setup) -> None:
+    cos_sin = torch.randn(4096, s.dim, device=s.device)
+    weights = [torch.randn(s.dim, device=s.device).to(s.act) for _ in range(2)]
+    heads = (s.heads, s.kv_heads)
+    for tokens in s.tokens:
+        qkv = qkv_input(s, tokens)
+        positions = torch.randint(0, 4096, (tokens,), device=s.device, dtype=torch.int32)
+        for dtype in s.cache_dtypes:
+            for page_size in (1, 16, 64):
+                cache, pages = pool(s, tokens, page_size, dtype)
+                slots = step_slots(s, tokens, pages, page_size)
+                got, want = [cache.clone(), cache.clone()], [cache.clone(), cache.clone()]
+                args = (qkv, *heads, positions, cos_sin)
+                q = qk_norm_rope_kv.triton_qk_norm_rope_kv(*args, *got, slots, *weights, 1e-6, 0.5, 2.0)
+                q_ref = qk_norm_rope_kv.torch_qk_norm_rope_kv(*args, *want, slots, *weights, 1e-6, 0.5, 2.0)
+                q_err = ((q.float() - q_ref.float()).norm() / q_ref.float().norm()).item()
+                k_ok = same(got[0], want[0], page_size, rel=0.13 if dtype == FP8 else 0.01)
+                ok = q_err < 1e-2 and k_ok and same(got[1], want[1], page_size)
+                report.check(f"fused T={tokens} {dtype} page={page_size}", ok, f"q rel error {q_err:.2e}")
+        cache, pages = pool(s, tokens, 16, s.act)
+        slots, caches = step_slots(s, tokens, pages, 16), (cache, cache.clone())
+
+        def op_by_op(store):  # the model's path before: two norms, RoPE, the store
+            q, k, v = qkv.split([s.heads * s.dim, s.kv_heads * s.dim, s.kv_heads * s.dim], dim=-1)  # noqa: B023
+            q = fused.rms_norm(q.view(tokens, s.heads, s.dim), weights[0], 1e-6)  # noqa: B023
+            k = fused.rms_norm(k.view(tokens, s.kv_heads, s.dim), weights[1], 1e-6)  # noqa: B023
+            q, k = fused.apply_rope(q, k, positions, cos_sin)  # noqa: B023
+            store(*caches, slots, k, v.view(tokens, s.kv_heads, s.dim))  # noqa: B023
+
+        ours = timed(lambda: qk_norm_rope_kv.triton_qk_norm_rope_kv(qkv, *heads, positions, cos_sin, *caches, slots, *weights, 1e-6))  # noqa: B023  # fmt: skip
+        report.time("fused_norm_rope_kv", f"t{tokens}", ours, timed(lambda: op_by_op(kv_write.torch_store_kv)))  # fmt: skip
+        report.time("fused_norm_rope_kv", f"t{tokens}_vs_triton_store", ours, timed(lambda: op_by_op(kv_write.triton_store_kv)))  # fmt: skip
+
+
+def bench_sampling(report: Report, s: Setup) -> None:
+    """The sampler as the engine calls it, bf16 logits (FlashInfer) against the previous path: the
+    model's float32 copy of the logits and the torch draw. Greedy must be the argmax exactly; the
+    frequencies are tested in tests/test_final_gpu_kernels.py."""
+    for batch in s.batches:
+        for temperature in (0.0, 0.6):
+            logits = torch.randn(batch, s.vocab, device=s.device).to(s.act) * 3
+            params = [SamplingParams(temperature=temperature)] * batch  # the offline workload's
+            sampler = Sampler(batch, torch.device(s.device))
+            for row, p in enumerate(params):
+                sampler.admit(row, p)
+            rows, gens = torch.arange(batch, device=s.device, dtype=torch.int32), [None] * batch
+            tokens = sampler.sample(logits, rows, params, gens).tokens
+            if temperature == 0:
+                report.check(f"sampling greedy B={batch}", torch.equal(tokens, logits.argmax(-1)))
+            else:
+                above = (logits.float().gather(1, tokens[:, None]) < logits.float()).sum(1)
+                report.check(f"sampling t=0.6 B={batch} draws likely tokens", bool((above < 2000).all()))
+            ours = timed(lambda: sampler.sample(logits, rows, params, gens), graph=False)  # noqa: B023
+            available = sampling_kernels.available
+            sampling_kernels.available = lambda logits: False  # the sampler's reference path
+            try:
+                reference = timed(lambda: sampler.sample(logits.float(), rows, params, gens), graph=False)  # noqa: B023  # fmt: skip
+            finally:
+                sampling_kernels.available = available
+            report.time("sampling", f"b{batch}_t{temperature}", ours, reference)
+
+
+def bench_gemv(report: Report, s: Setup) -> dict:
+    wins: dict[str, list[int]] = {name: [] for name in s.gemv_shapes}
+    for name, (n, k) in s.gemv_shapes.items():
+        w = torch.randn(n, k, device=s.device).to(s.act) / k**0.5
+        for m in s.ms:
+            x = torch.randn(m, k, device=s.device).to(s.act)
+            want = F.linear(x.float(), w.float())
+            err = ((gemv.triton_linear(x, w).float() - want).norm() / want.norm()).item()
+            report.check(f"gemv {name} M={m}", err < 1e-2, f"rel error {err:.2e}")
+            ours = timed(lambda: gemv.triton_linear(x, w))  # noqa: B023
+            cublas = timed(lambda: F.linear(x, w))  # noqa: B023
+            key = next(iter(ours))
+            extra = {"tb_per_s": round(n * k * 2 / ours[key] / 1e6, 2)}
+            if m in (1, 4) and s.device == "cuda":  # other tilings: does the default leave time?
+                block_k = min(4096, 1 << (k - 1).bit_length())
+                configs = [gemv.GemvConfig(bn, min(block_k, 4096 // bn), wp) for bn, wp in ((1, 4), (2, 4), (4, 4), (8, 4), (2, 8), (4, 8))]  # fmt: skip
+                times = {}
+                for c in configs:
+                    try:
+                        times[c] = graph_us(lambda c=c: gemv.triton_linear(x, w, None, c))  # noqa: B023
+                    except Exception as err:  # a tiling that does not compile here is no candidate
+                        print(f"gemv {name} M={m} {c}: {type(err).__name__}: {err}"[:300])
+                best = min(times, key=times.__getitem__)
+                extra |= {"best_config": list(best), "best_us": round(times[best], 3)}
+            report.time("gemv", f"{name}_m{m}", ours, cublas, **extra)
+            if ours[key] < cublas[key]:
+                wins[name].append(m)
+    max_m = 0  # the largest M up to which the kernel wins on every layer shape
+    for m in sorted(s.ms):
+        if not all(m in wins[name] for name in LAYER_SHAPES):
+            break
+        max_m = m
+    return {"GEMV_MAX_M": max_m, "lm_head_wins_at_m": wins["lm_head"], "wins": wins}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="the result JSON (default: print only)")
+    parser.add_argument("--smoke", action="store_true", help="toy shapes on the CPU, Triton's interpreter")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import (the kernels' first build)
+        setup = SMOKE
+    else:
+        assert torch.cuda.is_available(), "needs a CUDA GPU (or --smoke)"
+        assert sampling_kernels.available(torch.zeros(1, device="cuda")), "needs FlashInfer"
+        setup = QWEN3_06B
+    torch.manual_seed(0)
+    report = Report()
+    bench_kv_write(report, setup)
+    bench_fused(report, setup)
+    bench_sampling(report, setup)
+    advice = bench_gemv(report, setup)
+    failed = [c["name"] for c in report.checks if not c["ok"]]
+    print(f"\n{len(report.checks) - len(failed)}/{len(report.checks)} checks passed; GEMV: {advice}")
+    result = {
+        "name": f"kernels_{args.out.stem.split('_', 1)[-1] if args.out else 'gpu'}",
+        "stage": "final",
+        "workload": "kernels",
+        "metrics": report.metrics,
+        "config": {"shapes": "toy" if args.smoke else "qwen3-0.6b", "dtype": str(setup.act).split(".")[-1]},
+        "hardware": describe(),
+        "versions": versions(),
+        "command": shlex.join(
+            ["python", "scripts/bench_kernels.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "checks": report.checks,
+        "rows": report.rows,
+        "gemv_advice": advice,
+    }
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(stamp_run_id(result), indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
