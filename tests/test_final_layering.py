@@ -21,10 +21,11 @@ RANKS = {
     "attention": 2,
     "scheduler": 3,
     "engine": 4,
-    "frontend": 5,
-    "server": 6,
-    "shell": 6,
-    "": 7,  # top-level modules (llm.py, args.py, __main__.py)
+    "runtime": 5,  # build_engine and process management (the engine process, the ranks)
+    "frontend": 6,
+    "server": 7,
+    "shell": 7,
+    "": 8,  # top-level modules (llm.py, args.py, __main__.py)
 }
 
 

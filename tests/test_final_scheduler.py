@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from final.core.sampling_params import SamplingParams
-from final.kvcache import KVCacheManager, PageTable, create_prefix_cache
+from final.kvcache.manager import KVCacheManager
+from final.kvcache.page_table import PageTable
+from final.kvcache.registry import create_prefix_cache
 from final.scheduler.request import Request
 from final.scheduler.scheduler import Scheduler
 

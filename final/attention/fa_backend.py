@@ -24,8 +24,9 @@ from typing import Protocol
 import torch
 
 from ..core.errors import UserError
+from .libraries import FLASH_ATTENTION_2, FLASH_ATTENTION_3, FLASH_ATTENTION_4
 from .paged import PagedBackend, PagedMetadata
-from .support import FLASH_ATTENTION_2, FLASH_ATTENTION_3, FLASH_ATTENTION_4, Library
+from .spec import Library
 
 
 class Kernels(Protocol):
