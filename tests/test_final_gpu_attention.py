@@ -227,8 +227,8 @@ def test_engine_matches_the_torch_backend(gpu_model_dir, reference_outputs, capa
     want, vocab = reference_outputs
     prompts, arrivals = workload(gpu_model_dir)
     llm = engine(gpu_model_dir, spec, graphs)
-    assert llm.core.runner.backend.name == spec
-    assert (llm.core.runner.graphs is not None) == bool(graphs), "the backend refused graphs"
+    assert llm.core.executor.runner.backend.name == spec
+    assert (llm.core.executor.graphs is not None) == bool(graphs), "the backend refused graphs"
     got = run(llm, prompts, arrivals)
     del llm
     free_gpu_memory()
@@ -240,8 +240,8 @@ def test_engine_matches_the_torch_backend(gpu_model_dir, reference_outputs, capa
 def test_auto_picks_the_table_entry_and_its_page_size(gpu_model_dir, capability):
     expected = attention.resolve_attention("auto", "cuda", torch.bfloat16)
     llm = engine(gpu_model_dir, "auto", 16, page_size=None)
-    assert llm.core.runner.backend.name in (expected.prefill, f"{expected.prefill},{expected.decode}")
-    assert llm.core.runner.page_size == expected.page_size == llm.engine_config.page_size
+    assert llm.core.executor.runner.backend.name in (expected.prefill, f"{expected.prefill},{expected.decode}")
+    assert llm.core.executor.runner.page_size == expected.page_size == llm.core.config.page_size
     if capability[0] == 9:  # the table's first candidates, whatever the benchmarks have put first
         prefill, decode = AUTO[9]
         assert (expected.prefill, expected.decode) == (prefill[0], decode[0]), (

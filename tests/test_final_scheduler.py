@@ -12,6 +12,7 @@ from final.kvcache.manager import KVCacheManager
 from final.kvcache.page_table import PageTable
 from final.kvcache.registry import create_prefix_cache
 from final.scheduler.request import Request
+from final.scheduler.policy import create_policy
 from final.scheduler.scheduler import Scheduler
 
 # ---------------------------------------------------------------------------------------------
@@ -39,7 +40,7 @@ def test_scheduler_never_leaks_or_shares_pages(
     aborts (some mid-prefill): after every step each page is free, cached or owned exactly once."""
     table = PageTable(max_running, 64, torch.device("cpu"), padding_page=num_pages)
     kv = KVCacheManager(num_pages, page_size, create_prefix_cache(cache, page_size), table)
-    sched = Scheduler(kv, max_running, budget, policy)
+    sched = Scheduler(kv, max_running, budget, create_policy(policy))
     heads = [[5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 20], [30 + i for i in range(12)]]
     live = []
     for rid, (head, prompt_len, max_new, abort_early) in enumerate(requests):

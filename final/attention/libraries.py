@@ -37,10 +37,10 @@ FLASH_ATTENTION_4 = Library(
     (9, 10, 11),
     HOPPER_AND_BLACKWELL,
     head_dims=FLASH_HEAD_DIMS,
-    head_dims_on={
-        major: HeadDims("8-128 (multiples of 8) or 256", sizes=(256,), low=8, high=128, multiple=8)
+    head_dims_on=tuple(
+        (major, HeadDims("8-128 (multiples of 8) or 256", sizes=(256,), low=8, high=128, multiple=8))
         for major in (10, 11)
-    },
+    ),
 )
 # https://github.com/Dao-AILab/flash-attention/blob/main/hopper/flash_attn_interface.py
 FLASH_ATTENTION_3 = Library(

@@ -10,8 +10,8 @@ final --help` reads it at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 ANY_GPU = None  # in a majors field: no limit on the compute capability
@@ -46,7 +46,7 @@ class Library:
     page_multiple: int = 1  # ... or: page sizes must be multiples of this
     default_page_size: int = 1  # its page size when the user sets none
     head_dims: HeadDims | None = None  # None: any head size
-    head_dims_on: Mapping[int, HeadDims] = field(default_factory=dict)  # by major, over head_dims
+    head_dims_on: tuple[tuple[int, HeadDims], ...] = ()  # (major, rule) pairs, over head_dims
     page_hint: str = ""  # appended to a refused page size: what else would take it
     prefill_note: str = ""  # why it cannot prefill where it decodes (said when asked to)
 
@@ -66,7 +66,7 @@ class Library:
         return f"a --page-size that is a multiple of {self.page_multiple}"
 
     def head_dims_for(self, major: int) -> HeadDims | None:
-        return self.head_dims_on.get(major, self.head_dims)
+        return dict(self.head_dims_on).get(major, self.head_dims)
 
 
 @dataclass(frozen=True)

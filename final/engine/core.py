@@ -238,17 +238,17 @@ class EngineCore:
         entries = handle.logprobs.entries() if handle.logprobs is not None else [None] * len(per_request)
         deltas: list[RequestDelta] = []
         eos_ids, pending = self.eos_ids, handle.pending
+        one = pending == 1  # one token each (every step but a speculative one): no inner loop
         for req, tokens, entry in zip(handle.sampled, per_request, entries, strict=True):
             req.num_pending -= pending
             if req.status is Status.FINISHED:
                 continue  # finished (or aborted) after this step was launched: its tokens are dropped
-            reason = None
-            for n, token in enumerate(tokens, 1):
+            if one:
+                token = tokens[0]
                 req.output_ids.append(token)
                 reason = finish_reason(token, req.params, eos_ids, len(req.output_ids), req.max_new_tokens)
-                if reason:
-                    del tokens[n:]  # what came after the finish is not the request's
-                    break
+            else:
+                reason = self._accept(req, tokens)
             if reason:
                 # Under overlap the next step is in flight and may hold this request.
                 self.scheduler.finish(req, defer_release=bool(self.in_flight))
@@ -264,6 +264,17 @@ class EngineCore:
             )
         self.stats.generated_tokens += len(deltas)
         return deltas
+
+    def _accept(self, req: Request, tokens: list[int]) -> str | None:
+        """Append a step's tokens to the request up to the first that finishes it (the rest are
+        cut from `tokens`); that token's finish reason, or None."""
+        for n, token in enumerate(tokens, 1):
+            req.output_ids.append(token)
+            reason = finish_reason(token, req.params, self.eos_ids, len(req.output_ids), req.max_new_tokens)
+            if reason:
+                del tokens[n:]
+                return reason
+        return None
 
     def fail_all(self, message: str) -> list[RequestDelta]:
         """After an unexpected error in a step: drop every request, and say so to their clients."""
