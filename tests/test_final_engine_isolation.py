@@ -14,8 +14,8 @@ import final
 from final.core.config import EngineConfig
 from final.core.errors import UserError
 from final.core.sampling_params import SamplingParams
-from final.runtime.build import build_engine
 from final.engine.sampler import Sampler
+from final.runtime.build import build_engine
 from tests.fixtures.tiny_models import sample_prompts
 
 POISON_TOP_K = 7  # the marker of the request whose parameters "cannot be stored"

@@ -11,8 +11,8 @@ from final.core.sampling_params import SamplingParams
 from final.kvcache.manager import KVCacheManager
 from final.kvcache.page_table import PageTable
 from final.kvcache.registry import create_prefix_cache
-from final.scheduler.request import Request
 from final.scheduler.policy import create_policy
+from final.scheduler.request import Request
 from final.scheduler.scheduler import Scheduler
 
 # ---------------------------------------------------------------------------------------------

@@ -32,16 +32,16 @@ from final.core.errors import UserError
 from final.core.forward_batch import StepInput
 from final.core.model_config import load_model_config
 from final.core.sampling_params import SamplingParams
-from final.distributed.tp import TPInfo
 from final.distributed.step_channel import FRAME_INTS, StepChannel, StepMessage
+from final.distributed.tp import TPInfo
+from final.frontend.client import SyncEngineClient
+from final.frontend.tokenizer import Tokenizer
+from final.models import weights as weights_module
+from final.models.llama import LlamaForCausalLM
+from final.models.loader import check_tp_degree, load_model
 from final.runtime.process import ENGINE_FAILED_EXIT, launch_engine
 from final.runtime.ranks import RankFailure
 from final.runtime.watchdog import Watchdog, failure_key, heartbeat_key
-from final.frontend.client import SyncEngineClient
-from final.frontend.tokenizer import Tokenizer
-from final.models.loader import check_tp_degree, load_model
-from final.models import weights as weights_module
-from final.models.llama import LlamaForCausalLM
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.fixtures.tp import alive, counting_safe_open, free_port, processes_below
 from tests.test_final_server import Server

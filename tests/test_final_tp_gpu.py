@@ -19,9 +19,9 @@ import pytest
 import final
 from final.core.config import EngineConfig
 from final.core.sampling_params import SamplingParams
+from final.frontend.client import ENGINE_GONE, SyncEngineClient
 from final.runtime.process import ENGINE_FAILED_EXIT, launch_engine
 from final.runtime.ranks import GRACE_S
-from final.frontend.client import ENGINE_GONE, SyncEngineClient
 from tests.fixtures.gpu_compare import assert_agree_until_near_tie, free_gpu_memory
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.fixtures.tp import QWEN3_06B_VOCAB, assert_tp_matches_tp1_on_qwen3_06b_shape, tp_degrees
