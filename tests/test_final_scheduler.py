@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from final.core.sampling_params import SamplingParams
 from final.kvcache.manager import KVCacheManager
 from final.kvcache.page_table import PageTable
-from final.kvcache.registry import create_prefix_cache
-from final.scheduler.policy import create_policy
+from final.kvcache.registry import PREFIX_CACHES, create_prefix_cache
+from final.scheduler.policy import POLICIES, create_policy
 from final.scheduler.request import Request
 from final.scheduler.scheduler import Scheduler
 
@@ -21,8 +21,8 @@ from final.scheduler.scheduler import Scheduler
 
 @settings(max_examples=60, deadline=None)
 @given(
-    cache=st.sampled_from(["radix", "naive"]),
-    policy=st.sampled_from(["mixed", "prefill-first"]),
+    cache=st.sampled_from(sorted(PREFIX_CACHES)),
+    policy=st.sampled_from(sorted(POLICIES)),  # every registered policy
     page_size=st.sampled_from([1, 2, 4]),
     num_pages=st.integers(min_value=16, max_value=60),
     max_running=st.integers(min_value=1, max_value=5),

@@ -29,8 +29,13 @@ class Architecture:
 
 LLAMA = Architecture(LlamaForCausalLM)
 
-# The Llama reader's own list: Llama 2/3 and SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
-ARCHITECTURES: dict[str, Architecture] = dict.fromkeys(SUPPORTED_ARCHITECTURES, LLAMA)
+# --8<-- [start:architectures]
+ARCHITECTURES: dict[str, Architecture] = {
+    # The Llama reader's own list: Llama 2/3 and SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
+    **dict.fromkeys(SUPPORTED_ARCHITECTURES, LLAMA),
+    # A new family: "NameForCausalLM": Architecture(ItsClass, its_config_reader),
+}
+# --8<-- [end:architectures]
 
 
 def architecture_of(folder: Path) -> Architecture:
