@@ -9,7 +9,7 @@ No launcher is needed: rank 0 serves the rendezvous store, publishes in it what 
 (the engine's config, the model folder, the dtype), and starts each rank of its node as a fresh
 interpreter (`python -m final.runtime.worker`, worker.py), rank i on cuda:i (or the CPU, with
 gloo). Every other node's `python -m final --node-rank k` only starts its node's ranks and
-waits on them (`serve_node`); it takes every engine flag from node 0.
+waits on them (node.py); it takes every engine flag from node 0.
 
 Rank 0 alone schedules, samples and talks to the frontend. Per step it sends the batch
 (distributed/step_channel.py), then every rank runs the same executor step (engine/executor.py):
