@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from .attention.registry import describe_auto, describe_backends
+from .attention.registry import describe_auto, describe_backends, describe_page_sizes
 from .core.config import ENGINE, MODEL, PARALLEL, EngineConfig
 from .core.flags import add_flags, from_namespace
 from .frontend.options import SAMPLING, SAMPLING_GROUP_HELP, SERVER, ServeOptions
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         groups,
         EngineConfig,
         choices={name: tuple(known) for name, known in registries.items()},
-        more_help={"attn": attn},
+        more_help={"attn": attn, "page_size": describe_page_sizes()},
     )
     add_flags(groups, ServeOptions)
     return p

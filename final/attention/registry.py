@@ -107,6 +107,17 @@ def describe_auto() -> str:
     )
 
 
+def describe_page_sizes() -> str:
+    """The page sizes the backends' libraries choose when none is set, for --help."""
+    parts = []
+    for spec in BACKENDS.values():
+        for lib in spec.libraries:
+            if lib.default_page_size != 1:
+                takes = f", which takes {lib.page_rule().removeprefix('--page-size ')}" if lib.page_sizes else ""
+                parts.append(f"{lib.default_page_size} when {spec.name} runs on {lib.name}{takes}")
+    return "; ".join(parts)
+
+
 def describe_backends() -> str:
     """Every backend in a line, for --help."""
     return ", ".join(f"{spec.name} ({spec.summary})" for spec in BACKENDS.values())

@@ -49,8 +49,7 @@ class EngineConfig:
     attn: str = option("auto", "attention backend:", group=ENGINE)
     page_size: int | None = option(
         None,
-        "tokens per KV-cache page; default: 1, or what the attention kernels need (64 when "
-        "trtllm serves a phase, which takes 16, 32 or 64; 256 for FlashAttention 2)",
+        "tokens per KV-cache page; default: 1, or what the attention kernels need:",
         group=ENGINE,
     )
     num_pages: int | None = option(
