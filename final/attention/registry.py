@@ -113,7 +113,9 @@ def describe_page_sizes() -> str:
     for spec in BACKENDS.values():
         for lib in spec.libraries:
             if lib.default_page_size != 1:
-                takes = f", which takes {lib.page_rule().removeprefix('--page-size ')}" if lib.page_sizes else ""
+                takes = (
+                    f", which takes {lib.page_rule().removeprefix('--page-size ')}" if lib.page_sizes else ""
+                )
                 parts.append(f"{lib.default_page_size} when {spec.name} runs on {lib.name}{takes}")
     return "; ".join(parts)
 
