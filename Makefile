@@ -9,7 +9,7 @@ NOTEBOOKS := $(wildcard docs/notebooks/*.py)
 # No mkdocs-material banner about its successor on every build.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup model run shell ask exercise exercise-check test test-cpu notebooks notebooks-run lab docs docs-gen docs-assets docs-serve browser lint bench bench-startup gpu-test soak clean
+.PHONY: setup model run shell ask exercise exercise-check test unit notebooks notebooks-run lab docs docs-gen docs-assets docs-serve browser lint bench bench-startup gpu-test soak clean
 
 # A virtual environment with the project and its test and docs extras. On a machine without CUDA
 # we install the CPU wheel of torch first: an unpinned torch would pull gigabytes of CUDA wheels.
@@ -58,6 +58,17 @@ test: model notebooks docs-assets browser
 	@touch $(EXECUTED:.ipynb=.ran)
 	$(BIN)/mkdocs build --strict -q -d build/site
 	SITE_DIR=build/site $(BIN)/python -m pytest -q -m browser tests/test_site_browser.py
+
+# The fast loop while changing final/ (about 30 s on 2 cores; `make test` is the whole suite):
+# its unit tests on tiny models, in-process: layering, copies, CLI, extension points, scheduler,
+# engine, overlap, graphs, prefix cache, attention backends on stand-ins, sampling, the stage
+# contract. No server, no other process, no notebook. More with ARGS="-k overlap" or extra files.
+UNIT_TESTS := $(addprefix tests/test_,final_layering final_copies final_cli final_extension_points \
+	final_scheduler final_engine final_engine_isolation final_overlap final_overlap_radix final_graphs \
+	final_prefix_cache final_attention_backends final_detokenizer sampling sampling_defaults text_stream \
+	stage_contract)
+unit: model
+	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu and not browser and not slow" $(addsuffix .py,$(UNIT_TESTS)) $(ARGS)
 
 # The notebooks' sources are jupytext scripts (docs/notebooks/*.py); each becomes
 # build/notebooks/*.ipynb, rewritten only when its source changed.
@@ -165,86 +176,40 @@ bench-startup: model
 	$(BIN)/python scripts/bench_startup.py
 	$(BIN)/python scripts/render_results.py
 
-# GPU benchmarks on a CUDA host (its own Python with the GPU kit, no venv, no package index), with
-# the Qwen3-0.6B-shaped random checkpoint in bf16. Results go to benchmarks/results/$(GPU_TAG)/
-# (h100, h200, ... read from nvidia-smi; override with GPU_TAG=...).
+# GPU work on a CUDA host (its own Python with the GPU kit, no venv, no package index) goes through
+# scripts/gpu_run.sh, whose steps are the one list of what runs and what each result is called
+# (`bash scripts/gpu_run.sh STEP...`; its header lists them). Results go to
+# benchmarks/results/$(GPU_TAG)/ (h100, h200, ... read from nvidia-smi; GPU_TAG=... overrides), logs
+# and a tarball of them to $$OUT (default /tmp/gpu-out). A failed step is logged, the next ones run,
+# and the call exits non-zero.
 GPU_PY ?= python3
-GPU_MODEL := checkpoints/qwen3-0.6b-random
 GPU_TAG ?= $(or $(shell nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[abhl][0-9]+' | head -1 | tr A-Z a-z),gpu)
-BENCH_GPU := $(GPU_PY) -m stages.common.bench --device cuda --dtype bfloat16 --model $(GPU_MODEL) --out benchmarks/results/$(GPU_TAG)
-.PHONY: bench-gpu
+GPU_RUN := GPU_PY=$(GPU_PY) GPU_TAG=$(GPU_TAG) bash scripts/gpu_run.sh
+MULTI_GPU := $(shell [ "$$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && echo yes)
+GPU_BENCH_STEPS := ckpt bench-stage01 bench-stage02 bench-stage03 bench-ch04 bench-stage05 \
+	bench-stage05-offline profile-stage05 bench-stage06 bench-stage06-online profile-stage06 profile-final \
+	$(if $(MULTI_GPU),ckpt-8b bench-stage07) bench-final peers bench-final-online peers-online ladder
+.PHONY: bench-gpu bench-stage07 bench-ladder
+# Every GPU benchmark of the book (the stages, final/, the peers, the ladder), then the docs' tables.
 bench-gpu:
-	test -f $(GPU_MODEL)/config.json || $(GPU_PY) scripts/make_random_checkpoint.py --shape qwen3-0.6b --out $(GPU_MODEL)
-	$(BENCH_GPU) --engine stages.01_naive_generate --workload latency --repeats 3 --name stage01_latency_$(GPU_TAG)
-	$(BENCH_GPU) --engine hf --workload latency --repeats 3 --name stage01_latency_hf_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.02_paged_kv --workload latency --engine-arg attn=fi --repeats 3 --name stage02_latency_fi_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.02_paged_kv --workload offline --engine-arg attn=fi --name stage02_offline_fi_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.02_paged_kv --workload offline --scale 0.25 --engine-arg attn=fi --name stage02_offline_fi_s025_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.02_paged_kv --workload offline --scale 0.25 --engine-arg attn=torch --name stage02_offline_torch_s025_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.03_radix_cache --workload shared-prefix --engine-arg attn=fi --engine-arg page_size=16 --name stage03_shared_prefix_radix_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.03_radix_cache --workload shared-prefix --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cache=naive --name stage03_shared_prefix_naive_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.03_radix_cache --workload no-sharing --engine-arg attn=fi --engine-arg page_size=16 --name stage03_no_sharing_radix_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.03_radix_cache --workload no-sharing --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cache=naive --name stage03_no_sharing_naive_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=2048 --name stage04_long_prompt_mixed_2048_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=8192 --name stage04_long_prompt_mixed_8192_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=8192 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_8192_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg max_prefill_length=65536 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_unchunked_$(GPU_TAG)
-	for b in 1 8 64 256; do \
-	  $(BENCH_GPU) --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$$b --engine-arg attn=fi --engine-arg page_size=16 --name stage05_decode_b$${b}_graphs_$(GPU_TAG) && \
-	  $(BENCH_GPU) --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$$b --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_decode_b$${b}_eager_$(GPU_TAG) || exit 1; \
-	done
-	$(BENCH_GPU) --engine stages.05_cuda_graph --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage05_offline_graphs_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.05_cuda_graph --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg cuda_graph_max_bs=0 --name stage05_offline_eager_$(GPU_TAG)
-	for b in 1 64; do $(GPU_PY) scripts/profile_decode_step.py --model $(GPU_MODEL) --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $$b --out benchmarks/profiles/$(GPU_TAG) || exit 1; done
-	$(BENCH_GPU) --engine stages.06_overlap --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage06_offline_overlap_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.06_overlap --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg disable_overlap=1 --name stage06_offline_serial_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.06_overlap --workload online --workload-arg rate=16 --engine-arg attn=fi --engine-arg page_size=16 --name stage06_online_overlap_$(GPU_TAG)
-	$(BENCH_GPU) --engine stages.06_overlap --workload online --workload-arg rate=16 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg disable_overlap=1 --name stage06_online_serial_$(GPU_TAG)
-	$(GPU_PY) scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model $(GPU_MODEL) --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/$(GPU_TAG)
-	for b in 1 64; do $(GPU_PY) scripts/profile_decode_step.py --stage final --steps 8 --model $(GPU_MODEL) --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $$b --out benchmarks/profiles/$(GPU_TAG) || exit 1; done
-	if [ "$$(nvidia-smi -L | wc -l)" -ge 2 ]; then $(MAKE) --no-print-directory bench-stage07 GPU_PY=$(GPU_PY) GPU_TAG=$(GPU_TAG); fi
-	$(BENCH_GPU) --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name final_offline_fi_$(GPU_TAG)
-	$(BENCH_GPU) --engine final --workload latency --engine-arg attn=fi --name final_latency_fi_$(GPU_TAG)
-	$(BENCH_GPU) --engine final --workload latency --engine-arg attn=fi --engine-arg cuda_graph_max_bs=0 --engine-arg overlap=off --name final_latency_fi_eager_$(GPU_TAG)
-	for w in offline latency; do PYTHONPATH=$(CURDIR)/.peers/minisgl:$(CURDIR) $(GPU_PY) scripts/bench_peer.py --engine mini-sglang --workload $$w --model $(GPU_MODEL) --out benchmarks/results/$(GPU_TAG) --name peer_minisgl_$${w}_$(GPU_TAG) || exit 1; done
-	bash scripts/bench_final_online.sh $(GPU_MODEL) benchmarks/results/$(GPU_TAG) final_online_$(GPU_TAG)
-	PYTHONPATH=$(CURDIR)/.peers/minisgl:$(CURDIR) $(GPU_PY) scripts/bench_server_online.py --engine mini-sglang --model $(GPU_MODEL) --out-dir benchmarks/results/$(GPU_TAG) --name peer_minisgl_online_$(GPU_TAG) --rates 8,32,inf --port 19290
-	$(MAKE) --no-print-directory bench-ladder GPU_PY=$(GPU_PY) GPU_TAG=$(GPU_TAG)
+	$(GPU_RUN) $(GPU_BENCH_STEPS)
 	$(GPU_PY) scripts/render_results.py
 	$(GPU_PY) scripts/render_profile.py
 
 # Stage 07 (2+ GPUs): batch-1 decode and the offline workload at TP 1, 2 (and 4 where 4 GPUs exist),
 # for the Qwen3-0.6B shape and the Qwen3-8B shape (a 16 GB random checkpoint, written once).
-GPU_MODEL_8B := checkpoints/qwen3-8b-random
-BENCH_TP := $(GPU_PY) -m stages.common.bench --device cuda --dtype bfloat16 --out benchmarks/results/$(GPU_TAG)
-.PHONY: bench-stage07
 bench-stage07:
-	test -f $(GPU_MODEL_8B)/config.json || $(GPU_PY) scripts/make_random_checkpoint.py --shape qwen3-8b --out $(GPU_MODEL_8B)
-	degrees="1 2"; [ "$$(nvidia-smi -L | wc -l)" -ge 4 ] && degrees="1 2 4"; \
-	for model in $(GPU_MODEL) $(GPU_MODEL_8B); do \
-	  shape=$$(basename $$model -random | tr -d '.-'); \
-	  for tp in $$degrees; do \
-	    $(BENCH_TP) --model $$model --engine stages.07_tensor_parallel --workload latency --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$$tp --name stage07_tp$${tp}_latency_$${shape}_$(GPU_TAG) && \
-	    $(BENCH_TP) --model $$model --engine stages.07_tensor_parallel --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$$tp --name stage07_tp$${tp}_offline_$${shape}_$(GPU_TAG) || exit 1; \
-	  done; \
-	done
+	$(GPU_RUN) ckpt ckpt-8b bench-stage07
 
 # The performance ladder of the results page: the offline workload on one GPU, every stage (found
 # by folder, so new stages join by themselves) and final/, then the peers in the same call (their
-# source in .peers/, see ../shared/peers/README.md). Stage 01 serves one request at a time: the
-# first 16 requests give its throughput without an hour's run.
-LADDER_STAGES = $(filter-out stages/01_naive_generate,$(sort $(wildcard stages/0[0-9]_*)))
-.PHONY: bench-ladder
+# source in .peers/, see ../shared/peers/README.md).
 bench-ladder:
-	$(BENCH_GPU) --engine stages.01_naive_generate --workload offline --max-requests 16 --name ladder_stage01_$(GPU_TAG)
-	$(foreach s,$(LADDER_STAGES),$(BENCH_GPU) --engine stages.$(notdir $(s)) --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name ladder_stage$(shell echo $(notdir $(s)) | cut -c1-2)_$(GPU_TAG) &&) true
-	$(BENCH_GPU) --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name ladder_final_$(GPU_TAG)
-	PYTHONPATH=$(CURDIR)/.peers/minisgl:$(CURDIR) $(GPU_PY) scripts/bench_peer.py --engine mini-sglang --model $(GPU_MODEL) --out benchmarks/results/$(GPU_TAG) --name ladder_minisgl_$(GPU_TAG)
-	PYTHONPATH=$(CURDIR)/.peers/nanovllm:$(CURDIR) $(GPU_PY) scripts/bench_peer.py --engine nano-vllm --model $(GPU_MODEL) --out benchmarks/results/$(GPU_TAG) --name ladder_nanovllm_$(GPU_TAG) || echo "Nano-vLLM did not run (see above): its ladder row stays empty"
+	$(GPU_RUN) ckpt ladder
 
 # On a CUDA host: the GPU-marked tests; any skip is a failure there.
 gpu-test:
-	bash scripts/run_gpu_tests.sh
+	$(GPU_RUN) test-all
 
 clean:
 	rm -rf build .pytest_cache

@@ -9,17 +9,21 @@ only from packages below it.
 
     server, shell           the faces: OpenAI-compatible HTTP server, interactive chat
     frontend/               tokenizer and chat template, detokenizer with stop strings, output
-                            assembly, engine clients, the one start-up path
-    engine/                 the step loop (EngineCore: schedule -> launch -> collect), the engine
-                            process and its messages, the model runner, the sampler, and the
-                            tensor-parallel ranks (ranks.py starts and watches them, worker.py is
-                            one rank's loop)
-    scheduler/              policy only: which tokens of which requests run next
-    attention/  models/     attention backends (torch, fi); the decoder, its layers and weights
+                            assembly, engine clients, the faces' typed options, the start-up path
+    runtime/                build_engine (the one place an engine is assembled) and process
+                            management: the engine process, its lifeline, the tensor-parallel
+                            ranks, their worker and watchdog
+    engine/                 the step: the resolved config, EngineCore (schedule -> launch ->
+                            collect), the executor every rank runs (model runner, decode graphs,
+                            sampler), the engine's messages and counters
+    scheduler/              policy only: which tokens of which requests run next; the policies
+    attention/  models/     attention backends, one descriptor each in a registry; the decoder,
+                            its layers and weights, the registry of architectures
     kvcache/  distributed/  page pool, page table, prefix caches and the manager that owns a
                             request's pages; tensor parallelism's rank info, process groups and
                             the channel rank 0 sends each step over
-    core/                   EngineConfig, SamplingParams, ForwardBatch, limits, errors
+    core/                   EngineConfig (its fields declare their flags), SamplingParams,
+                            ForwardBatch, limits, errors
 
     llm.py the offline LLM class; args.py the command line; __main__.py the entry point
 
@@ -27,7 +31,8 @@ Ported from the stages so far: 01 (generate loop), 02 (paged KV, continuous batc
 and FlashInfer backends), 03 (the radix prefix cache, the default `--cache`) and 04 (chunked
 prefill, `--max-prefill-length` and `--chunk-policy`), then decode CUDA graphs (engine/graph.py),
 overlap scheduling (engine/core.py) and tensor parallelism (`--tp N`: distributed/, the sharded
-layers of models/, engine/ranks.py), ahead of their stages.
+layers of models/, runtime/ranks.py). docs/serving/extending.md says how to add a backend, a
+policy or a model.
 """
 
 from typing import TYPE_CHECKING

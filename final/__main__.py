@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-from .args import engine_config_from_args, parse_args
+from .args import parse_args
 from .core.errors import run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    config = engine_config_from_args(args)  # a bad engine flag fails here, before anything starts
+    command = parse_args(argv)  # a bad engine flag fails here, before anything starts
+    config, options = command.engine, command.options
     if config.node_rank > 0:  # another node of a multi-node --tp: start its ranks for node 0
         from .core.logs import setup_logging
-        from .engine.ranks import serve_node
+        from .runtime.node import serve_node
 
-        setup_logging(args.log_level or "info")
+        setup_logging(options.log_level or "info")
         return serve_node(config)
-    if args.shell:
+    if options.shell:
         from .shell import run_shell
 
-        return run_shell(args, config)
+        return run_shell(options, config)
     from .server import serve
 
-    return serve(args, config)
+    return serve(options, config)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,10 @@ from .core.errors import UserError
 from .core.model_config import ModelConfig
 from .core.outputs import RequestOutput
 from .core.sampling_params import SamplingParams
-from .engine import EngineCore
 from .frontend.request_state import RequestState
 from .frontend.sampling_defaults import resolve_sampling_defaults
 from .frontend.tokenizer import Message, Tokenizer
+from .runtime.build import build_engine
 
 Prompt = str | Sequence[int]
 Conversation = Sequence[Message]
@@ -49,7 +49,7 @@ class LLM:
         self.engine_config = EngineConfig.from_kwargs(
             model=model, device=device, dtype=dtype, **engine_kwargs
         )
-        self.core = EngineCore(self.engine_config)
+        self.core = build_engine(self.engine_config)  # the config stays as given: see self.core.config
         self.tokenizer = Tokenizer(self.core.model_dir)
         self.sampling_defaults = resolve_sampling_defaults(self.core.model_dir, generation_config)
         self.requests: dict[int, RequestState] = {}

@@ -206,11 +206,13 @@ def build_llm(model_dir: Path, batch: int, room: int, attn: str) -> final.LLM:
         max_running_requests=batch,
         overlap="on",
     )
-    runner = llm.core.runner
+    # The executor owns the runner and the graphs (before it, the runner owned the graphs).
+    owner = getattr(llm.core, "executor", None) or llm.core.runner
+    runner = getattr(owner, "runner", owner)
     runner.model = StandInModel(runner.buffers.max_tokens, llm.config.vocab_size)
     if attn == "fi":
         runner.backend = StandInFlashInfer(llm.config, runner.pool, runner.page_table)
-    runner.graphs = GraphRunner(runner, batch, NoReplayGraph)
+    owner.graphs = GraphRunner(runner, batch, NoReplayGraph)
     return llm
 
 

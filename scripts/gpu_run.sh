@@ -49,6 +49,9 @@
 #   peers-online  the same against Mini-SGLang's server (python -m minisgl from .peers/minisgl; fi,
 #                 page size 1, graphs to 256), into peer_minisgl_online_<gpu>_rate<R>.json; run it in
 #                 the call of bench-final-online: the Performance page pairs them by rate and run id
+#   bench-stage01 stage 01's batch-1 decode and HF transformers' generate on it (3 repeats each)
+#   bench-stage02 stage 02 (fi): batch-1 decode, the offline workload, and at scale 0.25 fi against torch
+#   bench-stage03 stage 03 (fi, page 16): shared-prefix and no-sharing workloads, radix against naive
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
 #   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
 #   ladder        the results page's ladder: offline workload, every stage, final/, Mini-SGLang, Nano-vLLM
@@ -100,7 +103,7 @@ run_step() {
       nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
       $py -c "import torch, flashinfer, transformers; print(torch.__version__, torch.version.cuda, flashinfer.__version__, transformers.__version__); print(torch.cuda.get_device_name(), torch.cuda.mem_get_info())"
       $py -c "import importlib.metadata as m, flash_attn.cute, cutlass; print('flash-attn-4', m.version('flash-attn-4'), 'nvidia-cutlass-dsl', m.version('nvidia-cutlass-dsl'))"
-      $py -c "import torch; from final.attention import resolve_attention as r; print('auto:', r('auto', 'cuda', torch.bfloat16))"
+      $py -c "import torch; from final.attention.choose import resolve_attention as r; print('auto:', r('auto', 'cuda', torch.bfloat16))"
       ;;
     ckpt) [ -f $ckpt/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-0.6b --out $ckpt ;;
     ckpt-8b) [ -f $ckpt8/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-8b --out $ckpt8 ;;
@@ -197,6 +200,24 @@ run_step() {
     peers-online)  # with bench-final-online in the same call, at the same rates
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_server_online.py --engine mini-sglang \
         --model $ckpt --out-dir $results --name peer_minisgl_online_$gpu --rates "${ONLINE_RATES:-8,32,inf}" --port 19290
+      ;;
+    bench-stage01)
+      bench --engine stages.01_naive_generate --workload latency --repeats 3 --name stage01_latency_$gpu
+      bench --engine hf --workload latency --repeats 3 --name stage01_latency_hf_$gpu
+      ;;
+    bench-stage02)
+      bench --engine stages.02_paged_kv --workload latency --engine-arg attn=fi --repeats 3 --name stage02_latency_fi_$gpu
+      bench --engine stages.02_paged_kv --workload offline --engine-arg attn=fi --name stage02_offline_fi_$gpu
+      bench --engine stages.02_paged_kv --workload offline --scale 0.25 --engine-arg attn=fi --name stage02_offline_fi_s025_$gpu
+      bench --engine stages.02_paged_kv --workload offline --scale 0.25 --engine-arg attn=torch --name stage02_offline_torch_s025_$gpu
+      ;;
+    bench-stage03)
+      for w in shared-prefix no-sharing; do
+        for cache in radix naive; do
+          bench --engine stages.03_radix_cache --workload $w --engine-arg attn=fi --engine-arg page_size=16 \
+            --engine-arg cache=$cache --name stage03_${w//-/_}_${cache}_$gpu
+        done
+      done
       ;;
     bench-ch04)
       ch04() { bench --engine stages.04_chunked_prefill --workload long-prompt --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 "$@"; }

@@ -198,7 +198,7 @@ def set_final_mode(llm, served: bool, graphs) -> None:
             for delta in core.collect(core.in_flight.popleft()):
                 llm.requests[delta.rid].apply(delta)
     core.overlap = served
-    core.runner.graphs = graphs if served else None
+    core.executor.graphs = graphs if served else None
 
 
 def load_engine(args: argparse.Namespace):
@@ -211,18 +211,19 @@ def load_engine(args: argparse.Namespace):
         from final.engine import graph
 
         llm = final.LLM(args.model, overlap="on", **common, **sizes)  # overlap "on": on the CPU too
-        runner = llm.core.runner
+        owner = llm.core.executor  # final/'s executor owns the graphs; a stage's runner does
+        runner = owner.runner
     else:
         stage = importlib.import_module(f"stages.{args.stage}")
         graph = importlib.import_module(f"stages.{args.stage}.graph")
         llm = stage.LLM(args.model, **common, **sizes)
-        runner = llm.runner
-    stand_in = runner.graphs is None
+        owner = runner = llm.runner
+    stand_in = owner.graphs is None
     if stand_in and args.stage == "final" and llm.device.type == "cuda":
         raise SystemExit("final/ captured no CUDA graphs (its log says why): there is nothing to compare")
     if stand_in:  # no CUDA: replay through the CPU stand-in, so both paths still run
-        runner.graphs = graph.GraphRunner(runner, args.batch, graph.EagerGraph)
-    return llm, runner.graphs, stand_in
+        owner.graphs = graph.GraphRunner(runner, args.batch, graph.EagerGraph)
+    return llm, owner.graphs, stand_in
 
 
 def set_mode(llm, stage: str, mode: str, graphs) -> None:

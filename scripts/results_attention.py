@@ -12,8 +12,8 @@ GPU, this makes one table of the pairs, one plot, and the winners of each phase:
 - decode: the shortest batch-1 decode step, per decode backend (the median over its pairs);
 - offline: the pair with the highest output throughput, both phases together.
 
-The winners are set beside what `auto` picks there: AUTO's first candidates for the compute
-capability (final/core/attention_auto.py), to be edited when they differ.
+The winners are set beside what `auto` picks there: the first candidates of the descriptors'
+`Auto` ranks for the compute capability (final/attention/registry.py), to be edited when they differ.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from final.core.attention_auto import AUTO, AUTO_OTHER_GPUS  # noqa: E402  (no torch: stays light)
+from final.attention.registry import auto_candidates, reference_backend  # noqa: E402  (no torch: light)
 from scripts.results_model import (  # noqa: E402
     HEADER,
     Result,
@@ -143,8 +143,7 @@ def verdict(pairs: list[Pair]) -> str:
     """What wins each phase here, against what `auto` picks on this GPU."""
     w = winners(pairs)
     major = capability_of(pairs)
-    prefill, decode = AUTO.get(major, AUTO_OTHER_GPUS) if major is not None else AUTO_OTHER_GPUS
-    picked = (prefill[0], decode[0])  # what auto takes where every library is installed
+    picked = auto_picks(major)  # what auto takes where every library is installed
     best = (w.prefill[0][0] if w.prefill else None, w.decode[0][0] if w.decode else None)
     lengths = ", ".join(map(str, w.lengths))
     parts = []
@@ -158,9 +157,21 @@ def verdict(pairs: list[Pair]) -> str:
         parts.append(f"best offline pair `{w.offline[0][0]}` ({format_metric(w.offline[0][1])} tok/s)")
     where = f"compute capability {major}.x" if major is not None else "this GPU"
     agree = all(b is None or b == a for a, b in zip(picked, best, strict=True))
-    says = "agrees" if agree else "does not agree yet: AUTO in final/core/attention_auto.py is out of date"
+    says = (
+        "agrees"
+        if agree
+        else "does not agree yet: the Auto ranks in final/attention/registry.py are out of date"
+    )
     text = "; ".join(parts) + f". `auto` on {where} picks `{_pair(*picked)}`, which {says}."
     return text[:1].upper() + text[1:]
+
+
+def auto_picks(major: int | None) -> tuple[str, str]:
+    """(prefill, decode): the backend `auto` ranks first per phase on a GPU of this major."""
+    first = [
+        (auto_candidates(phase, major) or [reference_backend()])[0].name for phase in ("prefill", "decode")
+    ]
+    return first[0], first[1]
 
 
 def _pair(prefill: str, decode: str) -> str:
@@ -291,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  decode, batch-1 step ms: " + ", ".join(f"{b} {format_metric(v)}" for b, v in w.decode))
         print("  offline pairs, output tok/s: " + ", ".join(f"{s} {format_metric(v)}" for s, v in w.offline))
         order = (tuple(b for b, _ in w.prefill), tuple(b for b, _ in w.decode))
-        print(f"  AUTO entry from these numbers: {capability_of(pairs)}: {order}")
+        print(f"  auto order from these numbers, compute capability {capability_of(pairs)}: {order}")
         print("  " + verdict(pairs).replace("`", ""))
     return 0
 

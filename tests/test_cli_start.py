@@ -57,10 +57,7 @@ def test_values_written_out_for_a_fast_help_equal_the_modules_own():
     scheduler04 = load("stages.04_chunked_prefill.scheduler")
     assert main04.MAX_PREFILL_LENGTH == scheduler04.DEFAULT_MAX_PREFILL_LENGTH
     assert main04.CHUNK_POLICIES == scheduler04.POLICIES
-    from final.args import PREFIX_CACHE_NAMES
-    from final.kvcache import PREFIX_CACHES
-
-    assert PREFIX_CACHE_NAMES == tuple(PREFIX_CACHES)
+    # final/ writes no value out: its --help reads the registries themselves, which import no torch.
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -206,7 +203,7 @@ def test_attn_fi_on_a_cpu_says_it_needs_a_cuda_gpu(stage, tiny_llama_dir):
 def test_final_attn_fi_on_a_cpu_says_the_same():
     from final.core.config import EngineConfig
     from final.core.errors import UserError as FinalUserError
-    from final.engine import validate_early
+    from final.engine.resolve import validate_early
 
     for dtype in ("auto", "bfloat16"):
         with pytest.raises(FinalUserError) as err:

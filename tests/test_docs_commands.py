@@ -188,6 +188,11 @@ def _parse_with(module_name: str, args: list[str]) -> str | None:
     except SystemExit as exit_:
         if exit_.code not in (0, None):
             return f"its argument parser rejects the arguments: {err.getvalue().strip().splitlines()[-1:]}"
+    except Exception as error:
+        # Parsed, then refused by the settings' own checks (final's parse_args builds a validated
+        # EngineConfig): the docs show such refusals on purpose, and the parser accepted the words.
+        if type(error).__name__ != "UserError":
+            raise
     return None
 
 

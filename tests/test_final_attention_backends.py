@@ -16,6 +16,7 @@ tests/test_final_gpu_attention.py runs the real kernels on a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 
@@ -23,11 +24,12 @@ import pytest
 import torch
 
 import final
-from final import attention
 from final.args import build_parser
-from final.attention import choose, support
+from final.attention import registry, support
+from final.attention.choose import parse_spec, resolve_attention
 from final.attention.fa_backend import FlashAttentionBackend
-from final.attention.support import FLASH_ATTENTION_2, FLASH_ATTENTION_3, FLASH_ATTENTION_4, TRTLLM
+from final.attention.factory import create_backend
+from final.attention.libraries import FLASH_ATTENTION_2, FLASH_ATTENTION_3, FLASH_ATTENTION_4, TRTLLM
 from final.attention.torch_backend import TorchBackend
 from final.attention.trtllm_backend import TrtllmBackend
 from final.core.config import EngineConfig
@@ -51,13 +53,29 @@ HOPPER, BLACKWELL, AMPERE = (9, 0), (10, 0), (8, 6)
 BF16 = torch.bfloat16
 
 
-# Hopper: FlashAttention prefill, TRT-LLM decode; Blackwell 10.x: TRT-LLM. The shipped table puts
-# FlashInfer first until a GPU run has measured these (final/attention/choose.py says why).
-INTENDED_AUTO = {9: (("fa", "fi"), ("trtllm", "fi")), 10: (("trtllm", "fa", "fi"), ("trtllm", "fi"))}
+# Hopper: FlashAttention prefill, TRT-LLM decode; Blackwell 10.x: TRT-LLM. The shipped ranks put
+# FlashInfer first until a GPU run has measured these (final/attention/registry.py says why).
+INTENDED_RANKS = {"trtllm": 0, "fa": 1, "fi": 2}
+
+
+def intend_auto(monkeypatch) -> None:
+    """The descriptors with the ranks the design intends once fa and trtllm are measured."""
+    for name, rank in INTENDED_RANKS.items():
+        spec = registry.BACKENDS[name]
+        assert spec.auto is not None
+        monkeypatch.setitem(
+            registry.BACKENDS, name, dataclasses.replace(spec, auto=dataclasses.replace(spec.auto, rank=rank))
+        )
 
 
 def resolve(spec, page_size=None, dtype=BF16, device="cuda"):
-    return attention.resolve_attention(spec, device, dtype, page_size)
+    return resolve_attention(spec, device, dtype, page_size)
+
+
+def build_backend(spec: str, config: ModelConfig, pool, table):
+    """What the engine does: resolve `--attn spec` for this pool and model, then build it."""
+    choice = resolve_attention(spec, pool.k.device, pool.k.dtype, pool.page_size, head_dim=config.head_dim)
+    return create_backend(choice, config, pool, table)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,7 +142,7 @@ def test_a_missing_package_is_named(monkeypatch, spec, package):
 
 
 def test_flash_attention_4_without_its_cute_dsl_counts_as_missing(monkeypatch):
-    monkeypatch.setattr(choose, "AUTO", INTENDED_AUTO)
+    intend_auto(monkeypatch)
     standins.install(monkeypatch, HOPPER, "fa4", "flashinfer", cpu_as_gpu=False)
     monkeypatch.setitem(sys.modules, "cutlass", None)  # nvidia-cutlass-dsl missing, or off sys.path
     with pytest.raises(
@@ -200,10 +218,10 @@ def test_the_frontend_checks_without_touching_the_gpu(monkeypatch):
 
     monkeypatch.setattr(support, "device_capability", no_gpu)
     with pytest.raises(UserError, match="got --page-size 1"):
-        attention.resolve_attention("fi,trtllm", "cuda", None, 1, probe_gpu=False)
+        resolve_attention("fi,trtllm", "cuda", None, 1, probe_gpu=False)
     # Capability-dependent checks wait for the engine process: trtllm prefill passes here.
-    assert attention.resolve_attention("trtllm", "cuda", None, None, probe_gpu=False).page_size == 64
-    assert attention.resolve_attention("auto", "cuda", None, None, probe_gpu=False).names == ("fi", "fi")
+    assert resolve_attention("trtllm", "cuda", None, None, probe_gpu=False).page_size == 64
+    assert resolve_attention("auto", "cuda", None, None, probe_gpu=False).names == ("fi", "fi")
 
 
 def test_a_library_that_is_found_but_does_not_import_is_one_message(monkeypatch, tmp_path):
@@ -214,9 +232,9 @@ def test_a_library_that_is_found_but_does_not_import_is_one_message(monkeypatch,
         UserError,
         match="--attn fa: FlashAttention 4 is installed but does not import .*pip install flash-attn-4",
     ):
-        attention.create_backend("fa", tiny_config(), pool, table)
+        build_backend("fa", tiny_config(), pool, table)
     with pytest.raises(UserError, match="--attn trtllm needs FlashInfer with its TensorRT-LLM kernels"):
-        attention.create_backend("torch,trtllm", tiny_config(64), pool_and_table(16, 64)[0], table)
+        build_backend("torch,trtllm", tiny_config(64), pool_and_table(16, 64)[0], table)
 
 
 @pytest.mark.parametrize(
@@ -231,7 +249,7 @@ def test_head_sizes_the_kernels_lack_are_refused(monkeypatch, spec, capability, 
     standins.install(monkeypatch, capability, "fa4", "flashinfer")
     pool, table = pool_and_table(16, head_dim)
     with pytest.raises(UserError, match=needle):
-        attention.create_backend(spec, tiny_config(head_dim), pool, table)
+        build_backend(spec, tiny_config(head_dim), pool, table)
 
 
 def test_an_unset_page_size_is_valid_and_zero_is_not():
@@ -246,11 +264,11 @@ def test_an_unset_page_size_is_valid_and_zero_is_not():
 
 @pytest.mark.parametrize("capability", [HOPPER, BLACKWELL])
 def test_auto_ships_the_table_s_first_candidates(monkeypatch, capability):
-    """With every library there, auto is the AUTO table's first pick per phase (whatever the
+    """With every library there, auto is the registry's first pick per phase (whatever the
     benchmarks have put first); without FlashInfer, FlashAttention prefills."""
     standins.install(monkeypatch, capability, "fa4", "flashinfer", cpu_as_gpu=False)
-    prefill, decode = attention.AUTO[capability[0]]
-    assert resolve("auto", None).names == (prefill[0], decode[0])
+    first = [registry.auto_candidates(phase, capability[0])[0].name for phase in ("prefill", "decode")]
+    assert resolve("auto", None).names == tuple(first)
     standins.install(monkeypatch, capability, "fa4", cpu_as_gpu=False)  # no FlashInfer: the next in line
     assert resolve("auto", None).prefill == "fa"
 
@@ -272,20 +290,20 @@ def test_auto_ships_the_table_s_first_candidates(monkeypatch, capability):
     ],
 )
 def test_auto_picks_by_compute_capability(monkeypatch, capability, libraries, page_size, expected):
-    """The candidate logic over the table the design intends once fa and trtllm are measured."""
-    monkeypatch.setattr(choose, "AUTO", INTENDED_AUTO)
+    """The candidate logic over the ranks the design intends once fa and trtllm are measured."""
+    intend_auto(monkeypatch)
     standins.install(monkeypatch, capability, *libraries, cpu_as_gpu=False)
     choice = resolve("auto", page_size)
     assert (choice.prefill, choice.decode, choice.page_size) == expected
 
 
 def test_auto_skips_kernels_without_the_models_head_size(monkeypatch):
-    monkeypatch.setattr(choose, "AUTO", INTENDED_AUTO)
+    intend_auto(monkeypatch)
     standins.install(monkeypatch, HOPPER, "fa4", "flashinfer", cpu_as_gpu=False)
-    choice = attention.resolve_attention("auto", "cuda", BF16, None, head_dim=96)
+    choice = resolve_attention("auto", "cuda", BF16, None, head_dim=96)
     assert (choice.names, choice.page_size) == (("fa", "fi"), 1)  # trtllm: 64, 128 or 256 only
     with pytest.raises(UserError, match="head sizes 64, 128 or 256 only; this model's is 96"):
-        attention.resolve_attention("fa,trtllm", "cuda", BF16, None, head_dim=96)
+        resolve_attention("fa,trtllm", "cuda", BF16, None, head_dim=96)
 
 
 def test_auto_is_torch_on_the_cpu_and_in_float32(monkeypatch):
@@ -298,10 +316,13 @@ def test_help_says_what_auto_picks():
     text = build_parser().format_help()
     flat = " ".join(text.split())
     assert "Hopper: " in flat and "Blackwell 10.x: " in flat and "other GPUs: fi" in flat
-    described = attention.describe_auto()
-    for major, (prefill, decode) in attention.AUTO.items():
-        pair = prefill[0] if prefill[0] == decode[0] else f"{prefill[0]},{decode[0]}"
-        assert pair in described, f"--help does not say what auto picks on {major}.x"
+    described = registry.describe_auto()
+    for major in registry.named_gpus():
+        prefill, decode = (registry.auto_candidates(phase, major)[0].name for phase in ("prefill", "decode"))
+        pair = prefill if prefill == decode else f"{prefill},{decode}"
+        assert f"{registry.GPU_NAMES[major]}: {pair}" in described, (
+            f"--help does not say what auto picks on {major}.x"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,7 +509,7 @@ def with_graphs(llm: final.LLM, max_batch: int) -> list[int]:
             replays.append(1)
             super().replay()
 
-    llm.core.runner.graphs = GraphRunner(llm.core.runner, max_batch, Counting)
+    llm.core.executor.graphs = GraphRunner(llm.core.executor.runner, max_batch, Counting)
     return replays
 
 
@@ -516,12 +537,13 @@ def test_engine_on_each_backend_equals_the_torch_backend(
     want = drive(reference, prompts, params, arrivals)
     calls = standins.install(monkeypatch, capability, *libraries)
     llm = final.LLM(str(model_dir_64), attn=spec, page_size=page_size, **kwargs)
-    assert llm.engine_config.page_size == (page_size or 64) == llm.core.runner.page_size
+    assert llm.core.config.page_size == (page_size or 64) == llm.core.executor.runner.page_size
+    assert llm.engine_config.page_size == page_size, "the user's config is resolved, not rewritten"
     replays = with_graphs(llm, max_batch=8)
     got = drive(llm, prompts, params, arrivals)
     assert replays, "no decode step replayed a graph"
     assert sum(o.cached_tokens for o in got) > 0, "no radix hit"
-    prefill, decode = attention.choose.parse_spec(spec)
+    prefill, decode = parse_spec(spec)
     expected = {"fa": ("varlen", "batched"), "trtllm": ("context", "decode"), "torch": (None, None)}
     ran = {expected[prefill][0], expected[decode][1]} - {None}
     assert set(calls.kinds()) == ran, f"the kernels that ran: {sorted(set(calls.kinds()))}"

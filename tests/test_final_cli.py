@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -10,12 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from final import attention
 from final.__main__ import main as final_main
 from final.args import build_parser, parse_args
 from final.attention import support
+from final.attention.choose import resolve_names
+from final.attention.registry import BACKENDS
 from final.core.config import EngineConfig
 from final.core.errors import UserError
+from final.core.flags import flag_fields, flag_name
+from final.frontend.options import ServeOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 FINAL = ROOT / "final"
@@ -26,14 +30,47 @@ FINAL = ROOT / "final"
 
 
 def test_cli_defaults():
-    args = parse_args([])
-    assert (args.model, args.host, args.port, args.cache, args.tp, args.shell) == (
+    command = parse_args([])
+    engine, options = command.engine, command.options
+    assert (engine.model, options.host, options.port, engine.cache, engine.tp, options.shell) == (
         None, "127.0.0.1", 1919, "radix", 1, False,
     )  # fmt: skip
-    assert (args.max_prefill_length, args.chunk_policy) == (8192, "mixed")
-    config = EngineConfig()
-    assert args.max_running_requests == config.max_running_requests
-    assert args.max_prefill_length == config.max_prefill_length
+    assert (engine.max_prefill_length, engine.chunk_policy) == (8192, "mixed")
+    assert engine == EngineConfig()  # every default is the field's own
+    assert options == ServeOptions()
+
+
+def test_every_field_is_a_flag_and_its_aliases_are_shown_and_parsed():
+    """Flags come from the fields (core/flags.py): a field added to EngineConfig or ServeOptions is
+    on the command line, under its own name and its aliases, with nothing written twice."""
+    text = " ".join(build_parser().format_help().split())
+    for cls in (EngineConfig, ServeOptions):
+        for f, flag in flag_fields(cls):
+            assert flag_name(f, flag) in text, f"{f.name} has no flag in --help"
+    assert {f.name for f in dataclasses.fields(EngineConfig)} == {
+        f.name for f, _ in flag_fields(EngineConfig)
+    }
+    assert "--cache {radix,naive}, --cache-type {radix,naive}" in text
+    assert "--tp TP, --tp-size TP" in text
+    command = parse_args(["--cache-type", "naive", "--tp-size", "1", "--disable-overlap"])
+    assert (command.engine.cache, command.engine.tp, command.engine.overlap) == ("naive", 1, "off")
+    # The registries' names are the choices (core/ declares none of them).
+    assert "--chunk-policy {mixed,prefill-first}" in text
+    assert all(name in text for name in BACKENDS)
+    with pytest.raises(SystemExit):
+        parse_args(["--overlap", "off", "--disable-overlap"])  # one or the other
+
+
+def test_server_options_are_typed():
+    options = parse_args(
+        ["--public-paths", "/health,/docs", "--allowed-origins", "a, b", "--port", "8000"]
+    ).options
+    assert (options.public_paths, options.allowed_origins, options.port) == (
+        ("/health", "/docs"),
+        ("a", "b"),
+        8000,
+    )
+    assert parse_args(["--public-paths", "none"]).options.public_paths == ()
 
 
 def test_cli_help_explains_every_flag():
@@ -80,10 +117,10 @@ def test_attention_choice_follows_device_and_dtype(monkeypatch, spec, dtype, exp
     )
     if isinstance(expected, str):
         with pytest.raises(UserError, match=expected):
-            attention.resolve_names(spec, "cuda", dtype)
+            resolve_names(spec, "cuda", dtype)
     else:
-        assert attention.resolve_names(spec, "cuda", dtype) == expected
-    assert attention.resolve_names("auto", "cpu", torch.bfloat16) == ("torch", "torch")
+        assert resolve_names(spec, "cuda", dtype) == expected
+    assert resolve_names("auto", "cpu", torch.bfloat16) == ("torch", "torch")
 
 
 def test_cli_errors_are_one_line_and_exit_2():

@@ -40,7 +40,7 @@ def assert_pool_is_whole(llm: final.LLM) -> None:
     cache = core.kv.prefix_cache
     assert core.kv.num_free_pages + cache.evictable_pages == core.kv.num_pages, "KV pages leaked"
     assert cache.num_cached_pages == cache.evictable_pages, "a finished request left a lock behind"
-    assert core.runner.page_table.num_free_rows == llm.engine_config.max_running_requests
+    assert core.executor.runner.page_table.num_free_rows == llm.engine_config.max_running_requests
     core.check_integrity()
 
 
@@ -142,7 +142,7 @@ def test_abort_frees_pages_of_running_and_waiting_requests(tiny_qwen3_dir):
 
 def test_merged_projections_hold_the_checkpoint_weights(tiny_qwen3_dir):
     """q/k/v and gate/up are merged at load time: check the slices, not only the outputs."""
-    layer = make_llm(tiny_qwen3_dir).core.runner.model.model.layers[1]
+    layer = make_llm(tiny_qwen3_dir).core.executor.runner.model.model.layers[1]
     with safe_open(str(tiny_qwen3_dir / "model.safetensors"), framework="pt") as f:
         w = {n: f.get_tensor(n) for n in f.keys() if n.startswith("model.layers.1.")}
     qkv = torch.cat([w[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
@@ -154,7 +154,7 @@ def test_merged_projections_hold_the_checkpoint_weights(tiny_qwen3_dir):
 def test_logits_only_for_each_requests_last_token(tiny_qwen3_dir):
     llm = make_llm(tiny_qwen3_dir)
     seen: list[tuple[int, ...]] = []
-    head = llm.core.runner.model.lm_head
+    head = llm.core.executor.runner.model.lm_head
     handle = head.register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
     try:
         llm.generate(sample_prompts(tiny_qwen3_dir, n=3, seed=9)[1:], greedy(2))
@@ -173,7 +173,7 @@ def test_logits_only_for_each_requests_last_token(tiny_qwen3_dir):
         ({"attn": "nope"}, "choose from torch, fi, fa, trtllm"),
         ({"attn": "fi"}, "CUDA"),
         ({"cache": "lru"}, "choose from radix, naive"),
-        ({"chunk_policy": "fifo"}, "--chunk-policy must be one of mixed, prefill-first"),
+        ({"chunk_policy": "fifo"}, "unknown chunk policy .fifo.; choose from mixed, prefill-first"),
         ({"max_prefill_length": 0}, "--max-prefill-length"),
         ({"page_size": 0}, "--page-size"),
         ({"no_such_option": 1}, "unknown engine option"),

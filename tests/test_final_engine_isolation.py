@@ -14,8 +14,8 @@ import final
 from final.core.config import EngineConfig
 from final.core.errors import UserError
 from final.core.sampling_params import SamplingParams
-from final.engine.core import EngineCore
 from final.engine.sampler import Sampler
+from final.runtime.build import build_engine
 from tests.fixtures.tiny_models import sample_prompts
 
 POISON_TOP_K = 7  # the marker of the request whose parameters "cannot be stored"
@@ -74,7 +74,7 @@ def test_a_request_whose_params_cannot_be_stored_fails_alone(tiny_qwen3_dir, mon
 )
 def test_unrepresentable_values_are_refused_on_arrival(tiny_qwen3_dir, field, value, needle):
     config = EngineConfig(model=str(tiny_qwen3_dir), device="cpu", dtype="float32")
-    core = EngineCore(config, tiny_qwen3_dir)
+    core = build_engine(config, tiny_qwen3_dir)
     params = SamplingParams(max_tokens=4)
     setattr(params, field, value)  # past the constructor's check, as a pickled message would be
     with pytest.raises(UserError, match=needle):

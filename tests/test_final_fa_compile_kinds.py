@@ -17,7 +17,7 @@ import pytest
 
 import final
 from final.attention.fa_backend import FlashAttentionBackend
-from final.attention.support import FLASH_ATTENTION_4
+from final.attention.libraries import FLASH_ATTENTION_4
 from final.core.sampling_params import SamplingParams
 from tests.fixtures import attention_standins as standins
 from tests.fixtures.paged_batches import (

@@ -101,7 +101,7 @@ def test_flashinfer_with_preemption(gpu_model_dir):
 
 def test_auto_picks_flashinfer_on_cuda(gpu_model_dir):
     llm = final.LLM(str(gpu_model_dir), num_pages=1024)
-    assert llm.core.device.type == "cuda" and llm.core.runner.backend.name == "fi"
+    assert llm.core.device.type == "cuda" and llm.core.executor.runner.backend.name == "fi"
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,10 @@ import pytest
 import torch
 
 import final
-from final import attention
+from final.attention.choose import resolve_attention
+from final.attention.factory import create_backend
+from final.attention.registry import auto_candidates
 from final.attention.torch_backend import TorchBackend
-from final.core.attention_auto import AUTO
 from final.core.errors import UserError
 from final.core.sampling_params import SamplingParams
 from tests.fixtures.gpu_compare import KERNEL_ATOL, assert_agree_until_near_tie, free_gpu_memory
@@ -80,6 +81,12 @@ def spec_for(name: str, capability) -> str:
     return "torch,trtllm" if name == "trtllm" and capability[0] != 10 else name
 
 
+def build_backend(spec: str, config, pool, table):
+    """What the engine does: resolve `--attn spec` for this pool and model, then build it."""
+    choice = resolve_attention(spec, pool.k.device, pool.k.dtype, pool.page_size, head_dim=config.head_dim)
+    return create_backend(choice, config, pool, table)
+
+
 def setup(name, capability, page_size, group, head_dim, seq_lens):
     context = max(1024, *seq_lens)
     config = attention_config(head_dim, heads=KV_HEADS * group, kv_heads=KV_HEADS, max_context=context)
@@ -88,7 +95,7 @@ def setup(name, capability, page_size, group, head_dim, seq_lens):
         config, page_size, num_pages, rows=8, device="cuda", dtype=torch.bfloat16
     )
     write_pages(table, scattered_pages(page_size, seq_lens, num_pages))
-    backend = attention.create_backend(spec_for(name, capability), config, pool, table)
+    backend = build_backend(spec_for(name, capability), config, pool, table)
     return config, pool, table, backend, TorchBackend(config, pool, table)
 
 
@@ -122,10 +129,10 @@ def test_trtllm_prefill_outside_blackwell_is_refused_not_run(capability):
     config = attention_config(128, heads=8, kv_heads=KV_HEADS, max_context=1024)
     pool, table = make_pool_and_table(config, 16, 8, device="cuda", dtype=torch.bfloat16)
     if capability[0] == 10:
-        assert attention.create_backend("trtllm", config, pool, table).name == "trtllm"
+        assert build_backend("trtllm", config, pool, table).name == "trtllm"
         return
     with pytest.raises(UserError, match=r"--attn fa,trtllm or --attn fi,trtllm"):
-        attention.create_backend("trtllm", config, pool, table)
+        build_backend("trtllm", config, pool, table)
 
 
 @pytest.mark.parametrize("name", ["fa", "fi", "trtllm"])
@@ -258,7 +265,7 @@ POOL_TOKENS = 4096  # the workload's 17 requests of at most 92 tokens, all at on
 def engine(model_dir, attn: str, graphs: int, page_size: int | None = 16) -> final.LLM:
     """`page_size` None: the one `attn` resolves to (auto: the table's pick), and the pool holds
     POOL_TOKENS in pages of that size."""
-    size = page_size or attention.resolve_attention(attn, "cuda", torch.bfloat16).page_size
+    size = page_size or resolve_attention(attn, "cuda", torch.bfloat16).page_size
     return final.LLM(str(model_dir), device="cuda", dtype="bfloat16", attn=attn, cuda_graph_max_bs=graphs,
                      page_size=page_size, num_pages=POOL_TOKENS // size, max_prefill_length=40)  # fmt: skip
 
@@ -284,8 +291,8 @@ def test_engine_matches_the_torch_backend(gpu_model_dir, reference_outputs, capa
     want, vocab = reference_outputs
     prompts, arrivals = workload(gpu_model_dir)
     llm = engine(gpu_model_dir, spec, graphs)
-    assert llm.core.runner.backend.name == spec
-    assert (llm.core.runner.graphs is not None) == bool(graphs), "the backend refused graphs"
+    assert llm.core.executor.runner.backend.name == spec
+    assert (llm.core.executor.graphs is not None) == bool(graphs), "the backend refused graphs"
     got = run(llm, prompts, arrivals)
     del llm
     free_gpu_memory()
@@ -295,13 +302,16 @@ def test_engine_matches_the_torch_backend(gpu_model_dir, reference_outputs, capa
 
 
 def test_auto_picks_the_table_entry_and_its_page_size(gpu_model_dir, capability):
-    expected = attention.resolve_attention("auto", "cuda", torch.bfloat16)
+    expected = resolve_attention("auto", "cuda", torch.bfloat16)
     llm = engine(gpu_model_dir, "auto", 16, page_size=None)
-    assert llm.core.runner.backend.name in (expected.prefill, f"{expected.prefill},{expected.decode}")
-    assert llm.core.runner.page_size == expected.page_size == llm.engine_config.page_size
-    if capability[0] == 9:  # the table's first candidates, whatever the benchmarks have put first
-        prefill, decode = AUTO[9]
-        assert (expected.prefill, expected.decode) == (prefill[0], decode[0]), (
+    assert llm.core.executor.runner.backend.name in (
+        expected.prefill,
+        f"{expected.prefill},{expected.decode}",
+    )
+    assert llm.core.executor.runner.page_size == expected.page_size == llm.core.config.page_size
+    if capability[0] == 9:  # the first candidates, whatever the benchmarks have put first
+        prefill, decode = (auto_candidates(phase, 9)[0].name for phase in ("prefill", "decode"))
+        assert (expected.prefill, expected.decode) == (prefill, decode), (
             "the device kit brings flash-attn-4 and FlashInfer: auto should pick the table's Hopper entry"
         )
     prompts, arrivals = workload(gpu_model_dir)

@@ -79,7 +79,7 @@ def engine(model_dir, attn: str, graphs: int, **kwargs) -> final.LLM:
 def count_replays(llm: final.LLM) -> Counter:
     """Count each captured size's replays from now on."""
     counts: Counter = Counter()
-    for size, graph in llm.core.runner.graphs.graphs.items():
+    for size, graph in llm.core.executor.graphs.graphs.items():
         original = graph.replay
 
         def replay(size=size, original=original):
@@ -147,9 +147,9 @@ def test_graphs_fit_inside_the_memory_ratio(gpu_model_dir):
                         cuda_graph_max_bs=graphs, memory_ratio=ratio, page_size=16)  # fmt: skip
         torch.cuda.synchronize()
         free = torch.cuda.mem_get_info()[0]
-        sizes[graphs] = llm.core.runner.num_pages
+        sizes[graphs] = llm.core.executor.runner.num_pages
         if graphs:
-            assert llm.core.runner.graphs is not None
+            assert llm.core.executor.graphs is not None
             # The graphs were counted before the KV cache was sized: what is left is still about
             # (1 - ratio) of the card (the caching allocator's slack aside).
             assert free >= (1 - ratio) * total - (512 << 20), f"{free >> 20} MiB free of {total >> 20}"

@@ -51,7 +51,7 @@ class CountingGraph(EagerGraph):
 
 def with_graphs(llm: final.LLM, max_batch: int) -> GraphRunner:
     """Give a CPU engine decode graphs (EagerGraph stand-ins) of up to `max_batch` rows."""
-    runner = llm.core.runner
+    runner = llm.core.executor.runner
     made: list[CountingGraph] = []
 
     def factory(pool):
@@ -61,7 +61,7 @@ def with_graphs(llm: final.LLM, max_batch: int) -> GraphRunner:
     graphs = GraphRunner(runner, max_batch, factory)
     for size, graph in graphs.graphs.items():
         graph.size = size
-    runner.graphs = graphs
+    llm.core.executor.graphs = graphs
     return graphs
 
 
@@ -125,7 +125,7 @@ def test_replay_equals_eager_with_padding_chunks_radix_hits_preemption_and_abort
             torch.testing.assert_close(
                 torch.tensor(a["top_logprobs"]), torch.tensor(b["top_logprobs"]), atol=1e-4, rtol=0
             )
-    pool = graphed.core.runner.pool
+    pool = graphed.core.executor.runner.pool
     assert pool.padding_page == pool.num_pages  # the padding rows' page is no request's
 
 
@@ -137,7 +137,7 @@ def test_padding_rows_write_only_the_padding_page(tiny_qwen3_dir):
     for p in prompts:
         llm.add_request(p, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     llm.step()  # the prefill: eager
-    pool = llm.core.runner.pool
+    pool = llm.core.executor.runner.pool
     slots_k = pool.k.view(pool.k.shape[0], -1, *pool.k.shape[3:])  # [layers, slots, heads, dim]
     before = slots_k.clone()
     running = list(llm.core.scheduler.running)
@@ -157,7 +157,7 @@ def test_padding_rows_write_only_the_padding_page(tiny_qwen3_dir):
 
 def test_torch_backend_declines_graphs_it_cannot_afford(tiny_qwen3_dir):
     llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32")
-    backend = llm.core.runner.backend
+    backend = llm.core.executor.runner.backend
     assert isinstance(backend, TorchBackend)
     assert backend.graph_unsupported_reason(8) is None
     assert "MiB per layer" in backend.graph_unsupported_reason(10**7)

@@ -22,10 +22,11 @@ RANKS = {
     "attention": 3,
     "scheduler": 4,
     "engine": 5,
-    "frontend": 6,
-    "server": 7,
-    "shell": 7,
-    "": 8,  # top-level modules (llm.py, args.py, __main__.py)
+    "runtime": 6,  # build_engine and process management (the engine process, the ranks)
+    "frontend": 7,
+    "server": 8,
+    "shell": 8,
+    "": 9,  # top-level modules (llm.py, args.py, __main__.py)
 }
 
 

@@ -53,7 +53,7 @@ class Recorder:
 def run_checked(llm: final.LLM, waves: list[list[list[int]]], gap: int = 3) -> list[final.RequestOutput]:
     """Submit each wave `gap` steps after the previous one; check the pool after every step, and
     that a prompt still being chunked never enters the prefix cache."""
-    core, page_size = llm.core, llm.engine_config.page_size
+    core, page_size = llm.core, llm.core.config.page_size
     order: dict[int, int] = {}
     results: dict[int, final.RequestOutput] = {}
     pending, steps, n = list(waves), 0, 0
@@ -80,7 +80,7 @@ def assert_idle_and_whole(llm: final.LLM) -> None:
     assert not core.has_work()
     assert cache.num_cached_pages == cache.evictable_pages, "a lock outlived its request"
     assert core.kv.num_free_pages + cache.num_cached_pages == core.kv.num_pages
-    assert core.runner.page_table.num_free_rows == llm.engine_config.max_running_requests
+    assert core.executor.runner.page_table.num_free_rows == llm.engine_config.max_running_requests
     core.check_integrity()
 
 

@@ -8,7 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from final.core.sampling_params import SamplingParams
-from final.kvcache import KVCacheManager, PageTable, create_prefix_cache
+from final.kvcache.manager import KVCacheManager
+from final.kvcache.page_table import PageTable
+from final.kvcache.registry import PREFIX_CACHES, create_prefix_cache
+from final.scheduler.policy import POLICIES, create_policy
 from final.scheduler.request import Request
 from final.scheduler.scheduler import Scheduler
 
@@ -18,8 +21,8 @@ from final.scheduler.scheduler import Scheduler
 
 @settings(max_examples=60, deadline=None)
 @given(
-    cache=st.sampled_from(["radix", "naive"]),
-    policy=st.sampled_from(["mixed", "prefill-first"]),
+    cache=st.sampled_from(sorted(PREFIX_CACHES)),
+    policy=st.sampled_from(sorted(POLICIES)),  # every registered policy
     page_size=st.sampled_from([1, 2, 4]),
     num_pages=st.integers(min_value=16, max_value=60),
     max_running=st.integers(min_value=1, max_value=5),
@@ -37,7 +40,7 @@ def test_scheduler_never_leaks_or_shares_pages(
     aborts (some mid-prefill): after every step each page is free, cached or owned exactly once."""
     table = PageTable(max_running, 64, torch.device("cpu"), padding_page=num_pages)
     kv = KVCacheManager(num_pages, page_size, create_prefix_cache(cache, page_size), table)
-    sched = Scheduler(kv, max_running, budget, policy)
+    sched = Scheduler(kv, max_running, budget, create_policy(policy))
     heads = [[5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 20], [30 + i for i in range(12)]]
     live = []
     for rid, (head, prompt_len, max_new, abort_early) in enumerate(requests):

@@ -32,16 +32,16 @@ from final.core.errors import UserError
 from final.core.forward_batch import StepInput
 from final.core.model_config import load_model_config
 from final.core.sampling_params import SamplingParams
-from final.distributed import TPInfo
 from final.distributed.step_channel import FRAME_INTS, StepChannel, StepMessage
-from final.engine.process import ENGINE_FAILED_EXIT, launch_engine
-from final.engine.ranks import RankFailure
-from final.engine.watchdog import Watchdog, failure_key, heartbeat_key
+from final.distributed.tp import TPInfo
 from final.frontend.client import SyncEngineClient
 from final.frontend.tokenizer import Tokenizer
-from final.models import check_tp_degree, load_model
 from final.models import weights as weights_module
 from final.models.llama import LlamaForCausalLM
+from final.models.loader import check_tp_degree, load_model
+from final.runtime.process import ENGINE_FAILED_EXIT, launch_engine
+from final.runtime.ranks import RankFailure
+from final.runtime.watchdog import Watchdog, failure_key, heartbeat_key
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.fixtures.tp import alive, counting_safe_open, free_port, processes_below
 from tests.test_final_server import Server
@@ -58,8 +58,8 @@ def odd_llama_dir(tmp_path_factory) -> Path:
 
 
 def rank_processes(root: int) -> list[int]:
-    """Pids of the `final.engine.worker` processes below `root` in the process tree."""
-    return processes_below(root, b"final.engine.worker")
+    """Pids of the `final.runtime.worker` processes below `root` in the process tree."""
+    return processes_below(root, b"final.runtime.worker")
 
 
 def wait_until_gone(pids: list[int], timeout: float = BOUND_S) -> list[int]:
@@ -230,7 +230,7 @@ def test_watchdog_names_the_lost_rank(monkeypatch):
 
     proc, clock = Exited(), [100.0]
     dog = Watchdog(store, 3, {1: proc}, silence_s=5, on_failure=lambda m: None)  # type: ignore[arg-type]
-    monkeypatch.setattr("final.engine.watchdog.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("final.runtime.watchdog.time.monotonic", lambda: clock[0])
     assert dog.check() is None  # no heartbeat yet (a node still starting): not timed
     clock[0] += 60
     assert dog.check() is None

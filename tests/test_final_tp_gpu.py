@@ -19,9 +19,9 @@ import pytest
 import final
 from final.core.config import EngineConfig
 from final.core.sampling_params import SamplingParams
-from final.engine.process import ENGINE_FAILED_EXIT, launch_engine
-from final.engine.ranks import GRACE_S
 from final.frontend.client import ENGINE_GONE, SyncEngineClient
+from final.runtime.process import ENGINE_FAILED_EXIT, launch_engine
+from final.runtime.ranks import GRACE_S
 from tests.fixtures.gpu_compare import assert_agree_until_near_tie, free_gpu_memory
 from tests.fixtures.tiny_models import make_tiny_checkpoint, sample_prompts
 from tests.fixtures.tp import QWEN3_06B_VOCAB, assert_tp_matches_tp1_on_qwen3_06b_shape, tp_degrees
@@ -41,7 +41,7 @@ def run(model_dir, tp: int, prompts, params):
     llm = gpu_llm(model_dir, tp)
     try:
         core = llm.core
-        assert core.overlap and core.runner.graphs is not None, "graphs and overlap must be on"
+        assert core.overlap and core.executor.graphs is not None, "graphs and overlap must be on"
         outs = llm.generate(prompts, params, progress=False)
         core.check_integrity()
         return outs

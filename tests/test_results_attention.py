@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from final.core.attention_auto import AUTO
 from scripts import render_results as rr
 from scripts import results_attention as ra
 from scripts.results_model import parse_result
@@ -59,7 +58,7 @@ def test_winners_per_phase():
 
 def test_the_verdict_sets_the_winners_beside_the_auto_table():
     (pairs,) = ra.pairs_by_device(parsed(attn_results())).values()
-    picked = (AUTO[9][0][0], AUTO[9][1][0])
+    picked = ra.auto_picks(9)
     text = ra.verdict(pairs)
     assert f"picks `{ra._pair(*picked)}`" in text and "compute capability 9.x" in text
     assert ("which agrees" in text) == (picked == ("fa", "trtllm"))
@@ -115,7 +114,9 @@ def test_the_command_prints_the_winners_and_an_auto_entry(tmp_path: Path, capsys
         write(tmp_path, f"h200/{data['name']}.json", data)
     assert ra.main([str(tmp_path / "benchmarks/results/h200")]) == 0
     out = capsys.readouterr().out
-    assert "AUTO entry from these numbers: 9: (('fa', 'fi'), ('trtllm', 'fa', 'fi'))" in out
+    assert (
+        "auto order from these numbers, compute capability 9: (('fa', 'fi'), ('trtllm', 'fa', 'fi'))" in out
+    )
     (tmp_path / "empty").mkdir()
     assert ra.main([str(tmp_path / "empty")]) == 1
     (tmp_path / "empty/attn_broken.json").write_text("{}")
@@ -124,10 +125,10 @@ def test_the_command_prints_the_winners_and_an_auto_entry(tmp_path: Path, capsys
 
 
 def test_auto_cites_the_measured_gpus_and_agrees_with_their_winners():
-    """AUTO is chosen by number: its comment names the result files of every GPU measured, and
-    the table's first candidates are the winners there (vacuous until bench-attn has run)."""
+    """`auto` is chosen by number: the registry's docstring names the result files of every GPU
+    measured, and its first candidates are the winners there (vacuous until bench-attn has run)."""
     root = Path(__file__).resolve().parents[1]
-    source = (root / "final/core/attention_auto.py").read_text()
+    source = (root / "final/attention/registry.py").read_text()
     assert "scripts/results_attention.py" in source
     for device, pairs in ra.pairs_by_device(rr.load_results(root / rr.RESULTS_DIR)).items():
         folder = device.lower()

@@ -112,7 +112,7 @@ def test_max_tokens_zero_means_no_cap_and_bad_values_name_their_source(tmp_path)
 
 
 def test_sampling_flags_come_from_the_command_line():
-    args = parse_args(["--temperature", "0.3", "--max-tokens", "0", "--generation-config", "none"])
+    args = parse_args(["--temperature", "0.3", "--max-tokens", "0", "--generation-config", "none"]).options
     assert sampling_flags(args) == {
         "temperature": 0.3,
         "top_p": None,

@@ -21,14 +21,21 @@ import torch
 
 from ..core.forward_batch import ForwardBatch, LayerKV
 from ..core.model_config import ModelConfig
-from ..kvcache import KVPool, PageTable
+from ..kvcache.page_table import PageTable
+from ..kvcache.pool import KVPool
+from .spec import Library
 
 
 class AttentionBackend(ABC):
     name = "base"
 
     def __init__(
-        self, config: ModelConfig, pool: KVPool, page_table: PageTable, num_heads: int | None = None
+        self,
+        config: ModelConfig,
+        pool: KVPool,
+        page_table: PageTable,
+        num_heads: int | None = None,
+        library: Library | None = None,  # the kernel library support.py chose (None: needs none)
     ):
         self.config, self.pool, self.page_table = config, pool, page_table
         # Query heads on this rank (all of them without tensor parallelism); KV heads: pool.kv_heads.

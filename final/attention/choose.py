@@ -1,9 +1,7 @@
-"""Which backends serve a run: `--attn auto` resolved for this GPU, every name checked against
-what the machine has (support.py), and the page size that suits both phases' kernels.
-
-`AUTO` (core/attention_auto.py, which imports no torch so that `--help` stays fast) is the one
-table to change when the attention benchmarks (`bash scripts/gpu_run.sh
-bench-attn`, rendered on the "Attention backends" page of the docs) show a faster choice.
+"""Which backends serve a run: `--attn auto` resolved for this GPU from the descriptors' `Auto`
+entries (registry.py), every name checked against what the machine has (support.py), and the
+page size that suits both phases' kernels. The engine resolves once, in engine/resolve.py; the
+result (`AttentionChoice`) is what factory.py builds.
 """
 
 from __future__ import annotations
@@ -13,10 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.attention_auto import AUTO, AUTO_OTHER_GPUS, NAMES
 from ..core.errors import UserError
 from . import support
-from .support import HALF_DTYPES, PHASES, Library
+from .registry import BACKENDS, auto_candidates, backend_names, reference_backend
+from .spec import BackendSpec, Library
+from .support import PHASES
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +25,17 @@ class AttentionChoice:
     prefill: str
     decode: str
     page_size: int
-    prefill_library: Library | None = None  # None: the torch backend, which needs none
+    prefill_library: Library | None = None  # None: a backend that needs none (torch)
     decode_library: Library | None = None
 
     @property
     def names(self) -> tuple[str, str]:
         return self.prefill, self.decode
+
+    @property
+    def label(self) -> str:
+        """What logs and EngineInfo call it: NAME, or PREFILL,DECODE."""
+        return self.prefill if self.prefill == self.decode else f"{self.prefill},{self.decode}"
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -40,8 +44,9 @@ def parse_spec(spec: str) -> tuple[str, str]:
     if len(names) not in (1, 2) or not all(names):
         raise UserError(f"--attn takes NAME, PREFILL,DECODE or auto, got {spec!r}")
     for name in names:
-        if name not in NAMES:
-            raise UserError(f"unknown attention backend {name!r}; choose from {', '.join(NAMES)} or auto")
+        if name not in BACKENDS:
+            known = ", ".join(backend_names())
+            raise UserError(f"unknown attention backend {name!r}; choose from {known} or auto")
     return names[0], names[-1]
 
 
@@ -89,31 +94,28 @@ class _Setup:
 
     def library(self, name: str, phase: str) -> Library | None:
         """The library `name` runs `phase` on here, or a UserError saying why it cannot."""
-        library = support.pick_library(name, phase, self.device_type, self.capability, self.dtype)
+        library = support.pick_library(BACKENDS[name], phase, self.device_type, self.capability, self.dtype)
         if self.head_dim is not None:
             support.check_head_dim(name, library, self.head_dim, self.capability)
         return library
 
 
 def _auto(setup: _Setup) -> tuple[str, str]:
-    if not support.is_cuda(setup.device_type) or (setup.dtype is not None and setup.dtype not in HALF_DTYPES):
-        return "torch", "torch"
-    capability = setup.capability
-    prefill_options, decode_options = (
-        AUTO.get(capability[0], AUTO_OTHER_GPUS) if capability else AUTO_OTHER_GPUS
-    )
-    prefill = _first(setup, prefill_options, "prefill", None)
-    decode = _first(setup, decode_options, "decode", prefill[1])
+    """Per phase the first candidate that runs here; the reference backend when none does (on the
+    CPU and in float32 no candidate does: their checks refuse)."""
+    major = setup.capability[0] if setup.capability else None
+    prefill = _first(setup, auto_candidates("prefill", major), "prefill", None)
+    decode = _first(setup, auto_candidates("decode", major), "decode", prefill[1])
     return prefill[0], decode[0]
 
 
 def _first(
-    setup: _Setup, options: tuple[str, ...], phase: str, prefill: Library | None
+    setup: _Setup, options: list[BackendSpec], phase: str, prefill: Library | None
 ) -> tuple[str, Library | None]:
     """The first option that runs here, takes the page size, and shares one with the prefill's."""
-    for name in options:
+    for spec in options:
         try:
-            library = setup.library(name, phase)
+            library = setup.library(spec.name, phase)
         except UserError:
             continue
         if (
@@ -124,8 +126,8 @@ def _first(
             continue
         if setup.page_size is None and _common_page_size([library, prefill]) is None:
             continue
-        return name, library
-    return "torch", None
+        return spec.name, library
+    return reference_backend().name, None
 
 
 def _common_page_size(libraries: list[Library | None]) -> int | None:

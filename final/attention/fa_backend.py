@@ -5,7 +5,7 @@ FlashAttention tiles the attention matrix: a thread block holds a tile of querie
 memory and streams the keys and values past it tile by tile, keeping a running softmax, so the
 scores never go to GPU memory. With a block table the key tiles are gathered from the pages.
 
-Three generations of the library, in the order we prefer them (support.py says which GPUs and
+Three generations of the library, in the order we prefer them (libraries.py says which GPUs and
 page sizes each takes):
 - FlashAttention 4 (`flash-attn-4`): CuTe DSL kernels for Hopper and Blackwell, compiled on first
   use; `flash_attn.cute.flash_attn_varlen_func` with `page_table` and `seqused_k`.
@@ -24,8 +24,9 @@ from typing import Protocol
 import torch
 
 from ..core.errors import UserError
+from .libraries import FLASH_ATTENTION_2, FLASH_ATTENTION_3, FLASH_ATTENTION_4
 from .paged import PagedBackend, PagedMetadata
-from .support import FLASH_ATTENTION_2, FLASH_ATTENTION_3, FLASH_ATTENTION_4, Library
+from .spec import Library
 
 
 class Kernels(Protocol):

@@ -26,7 +26,7 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 class FlashInferBackend(AttentionBackend):
     name = "fi"
 
-    def __init__(self, config, pool, page_table, num_heads=None):
+    def __init__(self, config, pool, page_table, num_heads=None, library=None):
         super().__init__(config, pool, page_table, num_heads)
         device = pool.k.device
         if device.type != "cuda":

@@ -1,62 +1,137 @@
-"""EngineConfig: every knob of the engine, with its default, in one typed place.
+"""EngineConfig: every knob of the engine, with its default and its command-line flag, in one
+typed place.
 
-The CLI (final/args.py), the offline `LLM(**engine_kwargs)` and the engine process all build
-the same object, so a flag means the same thing everywhere.
+The CLI (final/args.py, which builds its flags from these fields: core/flags.py), the offline
+`LLM(**engine_kwargs)` and the engine process all build the same object, so a flag means the same
+thing everywhere. It is what the user asked for: build_engine resolves it once (the attention
+backends, the page size, overlap, graphs, the devices) into a frozen ResolvedConfig
+(engine/resolve.py), and never writes back into it.
 """
 
 from __future__ import annotations
 
-import os
+import argparse
 from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import UserError
+from .flags import Preset, option
 
-CHUNK_POLICIES = ("mixed", "prefill-first")  # see final/scheduler/scheduler.py
-OVERLAP_MODES = ("auto", "on", "off")  # see final/engine/core.py
+
+def positive_or_zero(text: str) -> int:
+    """An int flag that takes 0 or more (argparse says so when it does not)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+MODEL, ENGINE, PARALLEL = "model", "engine", "tensor parallelism"  # the flags' groups in --help
+OVERLAP_MODES = ("auto", "on", "off")
 
 
 @dataclass
 class EngineConfig:
-    model: str | None = None  # HF folder, hub id, or None for the default model
-    device: str = "auto"  # cpu, cuda, cuda:N or auto
-    dtype: str = "auto"  # auto, float32, bfloat16, float16
-    attn: str = "auto"  # NAME or PREFILL,DECODE; see final/attention
-    # Tokens per KV page. None: not chosen; the attention kernels' choice is taken (1, or 64 when
-    # TRT-LLM kernels serve a phase, 256 for FlashAttention 2): see final/attention/choose.py.
-    page_size: int | None = None
-    num_pages: int | None = None  # KV pages in the pool; None: from memory (GPU) or a fixed size (CPU)
-    memory_ratio: float = 0.9  # share of GPU memory for weights + KV cache
-    max_running_requests: int = 256  # rows of the page table: requests holding KV at once
-    max_prefill_length: int = 8192  # prompt tokens one step may compute; longer prompts are chunked
-    chunk_policy: str = "mixed"  # mixed: decodes ride along with prefill chunks; prefill-first: they wait
-    max_seq_len_override: int | None = None  # cap the context below the model's own
-    cache: str = "radix"  # prefix cache: radix or naive; see final/kvcache/registry.py
-    cuda_graph_max_bs: int | None = None  # largest captured decode batch; None: auto; 0: off
-    # Overlap scheduling: auto (on a GPU; off on the CPU, where nothing runs asynchronously), on,
-    # off. FINAL_DISABLE_OVERLAP=1 in the environment turns auto off (benchmarks, ablations).
-    overlap: str = "auto"
-    # Tensor parallelism: the model sharded over `tp` ranks, one process each (engine/ranks.py);
+    model: str | None = option(
+        None, "Hugging Face model folder or hub id; default: SmolLM2-135M-Instruct", group=MODEL
+    )
+    device: str = option("auto", "cpu, cuda, cuda:N or auto (CUDA when available)", group=MODEL)
+    dtype: str = option(
+        "auto",
+        "weights and activations; auto: float32 on the CPU, the checkpoint's (bf16 for fp32 ones) on a GPU",
+        group=MODEL,
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
+    max_seq_len_override: int | None = option(
+        None, "cap the context length (prompt + answer) below the model's own", group=MODEL
+    )
+    # The help lists the backends from their registry (args.py): core/ knows none of them.
+    attn: str = option("auto", "attention backend:", group=ENGINE)
+    page_size: int | None = option(
+        None,
+        "tokens per KV-cache page; default: 1, or what the attention kernels need:",
+        group=ENGINE,
+    )
+    num_pages: int | None = option(
+        None,
+        "KV-cache pages; default: what --memory-ratio leaves on a GPU, 32768 tokens on the CPU",
+        group=ENGINE,
+    )
+    memory_ratio: float = option(
+        0.9, "share of GPU memory for weights + KV cache; the rest is for activations", group=ENGINE
+    )
+    max_running_requests: int = option(
+        256, "most requests holding KV cache at once (decoding together)", group=ENGINE
+    )
+    max_prefill_length: int = option(
+        8192,
+        "prompt tokens one step may compute (chunked prefill): a longer prompt is cut into "
+        "chunks over several steps; a large value turns chunking off",
+        group=ENGINE,
+    )
+    chunk_policy: str = option(
+        "mixed",
+        "mixed: every step carries one token per decoding request plus prefill chunks up to "
+        "the budget; prefill-first: steps with prefill work carry only prefill",
+        group=ENGINE,
+    )
+    cache: str = option(
+        "radix",
+        "prefix cache: radix reuses the KV of shared prompt prefixes; naive recomputes every prompt",
+        group=ENGINE,
+        aliases=("--cache-type",),
+    )
+    cuda_graph_max_bs: int | None = option(
+        None,
+        "largest decode batch captured in a CUDA graph (sizes 1, 2, 4, 8, then every 8); 0: off, "
+        "decode steps run eagerly; default: min(--max-running-requests, 256) on a GPU. Ignored on "
+        "the CPU (one log line)",
+        group=ENGINE,
+        parse=positive_or_zero,
+    )
+    overlap: str = option(
+        "auto",
+        "overlap scheduling: the host schedules and prepares step N+1 while the GPU runs step N; "
+        "auto: on on a GPU, off on the CPU (where nothing runs asynchronously)",
+        group=ENGINE,
+        choices=OVERLAP_MODES,
+        presets=(Preset("--disable-overlap", "off", "the same as --overlap off"),),
+    )
+    # Tensor parallelism: the model sharded over `tp` ranks, one process each (runtime/ranks.py);
     # across machines, `nnodes` nodes of tp / nnodes ranks meeting at `dist_init_addr`.
-    tp: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    dist_init_addr: str | None = None  # HOST:PORT of node 0's rendezvous; None: a free loopback port
-    dist_timeout: float = 600.0  # seconds a collective (or a silent rank) may take before the engine gives up
+    tp: int = option(
+        1,
+        "tensor-parallel degree: the model sharded over this many GPUs (rank i on cuda:i of its "
+        "node), or this many processes with gloo on the CPU; the engine starts the ranks itself",
+        group=PARALLEL,
+        aliases=("--tp-size",),
+    )
+    nnodes: int = option(1, "machines the --tp ranks span, tp / nnodes each", group=PARALLEL)
+    node_rank: int = option(
+        0,
+        "this machine's index: 0 runs the engine and the server; any other starts its ranks "
+        "for node 0 and takes every engine flag from it",
+        group=PARALLEL,
+    )
+    dist_init_addr: str | None = option(
+        None,
+        "where the ranks meet (torch.distributed's TCP rendezvous, served by node 0; needed with "
+        "--nnodes > 1); default: a free loopback port",
+        group=PARALLEL,
+        metavar="HOST:PORT",
+    )
+    dist_timeout: float = option(
+        600.0,
+        "seconds a collective may wait for the other ranks, and (at most 30) a rank may go "
+        "unheard, before the engine stops with a message naming the rank",
+        group=PARALLEL,
+    )
 
     def __post_init__(self) -> None:
         self.validate()
 
-    def overlap_enabled(self, device_type: str) -> bool:
-        if self.overlap != "auto":
-            return self.overlap == "on"
-        return device_type == "cuda" and os.environ.get("FINAL_DISABLE_OVERLAP", "") not in (
-            "1",
-            "true",
-            "yes",
-        )
-
     def validate(self) -> None:
+        """What needs no model, no machine and no registry (resolve.py checks the names)."""
         checks: list[tuple[bool, str]] = [
             (
                 self.page_size is None or self.page_size >= 1,
@@ -82,10 +157,6 @@ class EngineConfig:
             (
                 self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 0,
                 f"--cuda-graph-max-bs must be >= 0, got {self.cuda_graph_max_bs}",
-            ),
-            (
-                self.chunk_policy in CHUNK_POLICIES,
-                f"--chunk-policy must be one of {', '.join(CHUNK_POLICIES)}, got {self.chunk_policy!r}",
             ),
             (self.tp >= 1, f"--tp must be >= 1, got {self.tp}"),
             (self.nnodes >= 1, f"--nnodes must be >= 1, got {self.nnodes}"),

@@ -4,7 +4,7 @@ The ranks meet at a `TCPStore`, torch.distributed's TCP rendezvous (what torchru
 `--master-addr`/`--master-port` point at): rank 0 serves it, every other rank connects to it.
 On one machine rank 0 serves it on a free loopback port; across machines on `--dist-init-addr
 HOST:PORT`. Besides the rendezvous, the engine keeps a few keys of its own in it (the engine's
-config for the other ranks, heartbeats, a failed rank's last words: engine/ranks.py).
+config for the other ranks, heartbeats, a failed rank's last words: runtime/ranks.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import UserError
-from . import TPInfo
+from .tp import TPInfo
 
 LOOPBACK = "127.0.0.1"
 # The CPU group carries the step broadcast, which a rank waits on for as long as the engine is

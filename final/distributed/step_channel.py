@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.forward_batch import StepInput
-from . import TPInfo
+from .tp import TPInfo
 
 FRAME_INTS = 2048  # 16 KB: a decode step of a few hundred requests fits in one broadcast
 HEADER = 5

@@ -1,5 +1,6 @@
 """The model runner: owns the model, the KV pool, the page table, the device token table and the
-attention backend, and turns one scheduled step into logits.
+attention backend, and turns one scheduled step into logits (eagerly; the decode graphs that
+replay its buffers are the executor's).
 
 Per step the host sends O(batch) numbers (rows, lengths, the index of each sampled request's last
 token) plus the prompt tokens it supplies, in one copy; positions, pool slots and the inputs of
@@ -10,23 +11,17 @@ buffer, so its address never changes: what CUDA-graph replay (engine/graph.py) n
 from __future__ import annotations
 
 import gc
-import logging
 from itertools import accumulate
-from pathlib import Path
 
 import torch
 
-from ..attention import create_backend
-from ..core.config import EngineConfig
-from ..core.errors import UserError
+from ..attention.factory import create_backend
 from ..core.forward_batch import ForwardBatch, StepInput
-from ..core.model_config import ModelConfig
-from ..distributed import TPInfo
-from ..kvcache import KVPool, PageTable
-from ..models import load_model
-from .graph import AUTO_MAX_BATCH, GraphRunner
-
-log = logging.getLogger(__name__)
+from ..distributed.tp import TPInfo
+from ..kvcache.page_table import PageTable
+from ..kvcache.pool import KVPool
+from ..models.loader import load_model
+from .resolve import ResolvedConfig
 
 CPU_KV_TOKENS = 32768  # default pool size on the CPU, where there is no device memory to measure
 
@@ -48,113 +43,54 @@ class StepBuffers:
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        engine_config: EngineConfig,
-        folder: Path,
-        config: ModelConfig,
-        device: torch.device,
-        dtype: torch.dtype,
-        tp: TPInfo | None = None,
-    ):
-        self.config, self.device, self.dtype = config, device, dtype
-        self.engine_config = engine_config
+    """One rank's model and KV cache. The executor (executor.py) decides the pool's size, builds it
+    (`build`) and owns the decode graphs, which replay this runner's static buffers."""
+
+    def __init__(self, resolved: ResolvedConfig, device: torch.device, tp: TPInfo | None = None):
+        config = resolved.model
+        self.config, self.device, self.dtype = config, device, resolved.dtype
+        self.resolved = resolved
         self.tp = tp or TPInfo()
-        self.page_size = engine_config.page_size
-        self.model = load_model(folder, config, device, dtype, self.tp)
+        self.page_size = resolved.page_size
+        self.model = load_model(resolved.model_dir, config, device, self.dtype, self.tp)
         # Under TP, every rank reads its own shards, some faster than others: meet on the host
         # before the first collective on the device, whose timeout is meant for a hung rank.
         self.tp.barrier()
         self.kv_heads = self.tp.local_kv_heads(config.num_kv_heads)
-        self.graphs: GraphRunner | None = None
-        graph_batch = self._graph_batch(engine_config.cuda_graph_max_bs)
-        reserve = self._measure_graphs(graph_batch) if graph_batch else 0
-        if not reserve:
-            graph_batch = None  # the backend said no (logged)
-        num_pages = engine_config.num_pages or self._pages_that_fit(engine_config.memory_ratio, reserve)
-        # Rank 0's page ids index every rank's pool: all ranks take the pool the tightest one fits.
-        num_pages = self.tp.min_over_ranks(num_pages)
-        if num_pages < 1:
-            raise UserError("no memory left for the KV cache: use a smaller model or raise --memory-ratio")
-        self._build(num_pages)
-        # Every rank logs the same lines under TP: rank 0's are enough.
-        say = log.info if self.tp.is_first else log.debug
-        if graph_batch:
-            self.graphs = GraphRunner(self, graph_batch)
-            say(
-                "CUDA graphs: %d decode batch sizes (1..%d) captured in %.1f s; they and the attention "
-                "state take %d MiB, measured before sizing the KV cache",
-                len(self.graphs.sizes),
-                graph_batch,
-                self.graphs.capture_s,
-                reserve >> 20,
-            )
-        say(
-            "KV cache: %d tokens in %d pages (page size %d); attention: %s",
-            num_pages * self.page_size,
-            num_pages,
-            self.page_size,
-            self.backend.name,
-        )
+        self.num_pages = 0
 
-    def _build(self, num_pages: int) -> None:
+    def build(self, num_pages: int) -> None:
         """The KV pool, the page table, the token table, the step buffers and the attention backend."""
-        engine_config, config, device = self.engine_config, self.config, self.device
+        resolved, config, device = self.resolved, self.config, self.device
         self.num_pages = num_pages
         self.pool = KVPool(config, num_pages, self.page_size, device, self.dtype, self.kv_heads)
-        max_running = engine_config.max_running_requests
+        max_running = resolved.max_running_requests
         pages_per_request = -(-config.max_context // self.page_size)
         self.page_table = PageTable(max_running, pages_per_request, device, self.pool.padding_page)
         # The token each request (by page-table row) feeds into its next decode step: its last
         # sampled token, written on the device by `record_tokens` (the padding row's stays 0).
         self.token_table = torch.zeros(max_running + 1, dtype=torch.int32, device=device)
         # A mixed step carries a prefill budget of prompt tokens plus one token per running request.
-        self.buffers = StepBuffers(engine_config.max_prefill_length + max_running, max_running + 1, device)
-        self.backend = create_backend(
-            engine_config.attn, config, self.pool, self.page_table, self.tp.split(config.num_heads)
-        )
+        self.buffers = StepBuffers(resolved.max_prefill_length + max_running, max_running + 1, device)
+        heads = self.tp.split(config.num_heads)
+        self.backend = create_backend(resolved.attention, config, self.pool, self.page_table, heads)
 
-    def _graph_batch(self, max_bs: int | None) -> int | None:
-        """The largest decode batch to capture, or None for eager decode (with one log line why)."""
-        if max_bs == 0:
-            return None
-        if self.device.type != "cuda":
-            if max_bs:
-                log.info("--cuda-graph-max-bs %d ignored on the CPU: CUDA graphs need a GPU", max_bs)
-            return None
-        auto = min(self.engine_config.max_running_requests, AUTO_MAX_BATCH)
-        return min(max_bs or auto, self.engine_config.max_running_requests)
-
-    def _measure_graphs(self, max_batch: int) -> int:
-        """Capture every graph against a one-page scratch pool and return the device memory the
-        graphs and the attention state took (0 if the backend cannot capture): the KV cache is then
-        sized without it, so the graphs fit inside --memory-ratio."""
-        torch.cuda.synchronize(self.device)
-        free_before, _ = torch.cuda.mem_get_info(self.device)
-        self._build(1)
-        reason = self.backend.graph_unsupported_reason(max_batch)
-        if reason is not None:
-            log.info("CUDA graphs off, decode steps run eagerly: %s", reason)
-            taken = 0
-        else:
-            GraphRunner(self, max_batch)
-            torch.cuda.synchronize(self.device)
-            scratch_pool = 2 * KVPool.bytes_per_page(self.config, self.page_size, self.dtype, self.kv_heads)
-            taken = max(free_before - torch.cuda.mem_get_info(self.device)[0] - scratch_pool, 1)
+    def teardown(self) -> None:
+        """Drop what `build` made (the executor measures the graphs against a scratch build)."""
         del self.pool, self.page_table, self.token_table, self.buffers, self.backend
         gc.collect()  # the graphs and the backend refer to each other
-        torch.cuda.empty_cache()
-        return taken
 
-    def _pages_that_fit(self, memory_ratio: float, reserve: int) -> int:
+    def page_bytes(self) -> int:
+        return KVPool.bytes_per_page(self.config, self.page_size, self.dtype, self.kv_heads)
+
+    def pages_that_fit(self, memory_ratio: float, reserve: int) -> int:
         if self.device.type != "cuda":
             return CPU_KV_TOKENS // self.page_size
-        page_bytes = KVPool.bytes_per_page(self.config, self.page_size, self.dtype, self.kv_heads)
         # The weights are loaded: give the KV cache what is free, minus the graphs' share and
         # (1 - ratio) of the card, which stays for activations, workspaces and the allocator's
         # slack. One page less: the padding page.
         free, total = torch.cuda.mem_get_info(self.device)
-        return int((free - reserve - (1 - memory_ratio) * total) // page_bytes) - 1
+        return int((free - reserve - (1 - memory_ratio) * total) // self.page_bytes()) - 1
 
     def prepare(self, step: StepInput) -> ForwardBatch:
         """Copy the step's numbers to the device in one transfer and derive the rest there: token
@@ -205,10 +141,8 @@ class ModelRunner:
         )
 
     def forward(self, step: StepInput) -> torch.Tensor:
-        """Logits [sampled requests, vocab] for the token after each sampled request's last one:
-        a decode step replays its CUDA graph when there is one, anything else runs eagerly."""
-        if self.graphs is not None and self.graphs.can_run(step):
-            return self.graphs.run(step)
+        """Logits [sampled requests, vocab] for the token after each sampled request's last one,
+        computed eagerly (the executor replays a decode graph instead where it has one)."""
         batch = self.prepare(step)
         self.backend.prepare(batch)
         return self.model(batch, self.backend)
@@ -269,8 +203,3 @@ class ModelRunner:
         are those requests' next decode inputs."""
         rows = self.buffers.sampled_rows[: tokens.shape[0]]
         self.token_table[rows] = tokens.to(torch.int32)
-
-    def release_graphs(self) -> None:
-        """Drop the CUDA graphs (before the process groups go: a graph holds NCCL's work)."""
-        self.graphs = None
-        gc.collect()

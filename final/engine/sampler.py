@@ -6,9 +6,11 @@ probability is below min-p times the largest, then draw. Temperature 0 is greedy
 batch (the common serving case) is one argmax, with no sort and no softmax.
 
 Every running request's parameters live in device tensors indexed by its page-table row, written
-once when the request gets its row (`Sampler.admit`); a step gathers them by the sampled rows. So
-a step builds no tensor from Python lists (which would wait for the GPU to catch up), and the one
-device-to-host copy of a step is its sampled tokens.
+once when the request gets its row (`Sampler.admit`, from `bind`); a step gathers them by the
+sampled rows. So a step builds no tensor from Python lists (which would wait for the GPU to catch
+up), and the one device-to-host copy of a step is its sampled tokens. The sampler keeps that
+per-row state itself: which request each row's parameters are for, and the private random stream
+of each seeded request.
 
 On a GPU with FlashInfer the draw runs FlashInfer's sampling kernels (kernels/sampling.py), which
 sort nothing; the torch code below is the reference, and what runs on the CPU and for requests
@@ -18,6 +20,7 @@ it is, and only the reference draw makes a float32 copy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +29,7 @@ import torch
 from ..core.errors import UserError
 from ..core.sampling_params import INT32_MAX, SamplingParams
 from ..kernels import sampling as sampling_kernels
+from ..scheduler.request import Request
 
 # Below this temperature a draw is an argmax in all but name, and dividing by it overflows the
 # logits: such requests are sampled greedily.
@@ -135,6 +139,43 @@ class Sampler:
         self.min_p = torch.zeros(num_rows, device=device)
         self.greedy = torch.zeros(num_rows, dtype=torch.bool, device=device)
         self.row_index = torch.arange(num_rows, device=device)  # int64: FlashInfer's output dtype
+        self.row_owner: dict[int, Request] = {}  # row -> the request whose parameters it holds
+        self.generators: dict[int, torch.Generator] = {}  # seeded requests' private random streams
+
+    def add(self, rid: int, params: SamplingParams) -> None:
+        """A request arrived: give it its private random stream if it is seeded."""
+        generator = make_generator(params, self.device)
+        if generator is not None:
+            self.generators[rid] = generator
+
+    def forget(self, rid: int) -> None:
+        """A request left (finished, aborted, failed)."""
+        self.generators.pop(rid, None)
+
+    def bind(self, requests: Sequence[Request]) -> list[tuple[Request, Exception]]:
+        """Write the parameters of the requests new to their row (admitted, or readmitted after a
+        preemption) into the device tables; the requests whose parameters cannot be stored, and why."""
+        failed: list[tuple[Request, Exception]] = []
+        owner = self.row_owner
+        for req in requests:
+            row = req.kv.row
+            if owner.get(row) is req:
+                continue
+            try:
+                self.admit(row, req.params)
+            except Exception as err:
+                failed.append((req, err))
+                continue
+            owner[row] = req
+        return failed
+
+    def sample_requests(
+        self, logits: torch.Tensor, rows: torch.Tensor, requests: list[Request]
+    ) -> SampleOutput:
+        """`sample` for these requests (request i sits in page-table row rows[i])."""
+        generators = self.generators
+        streams = [generators.get(r.rid) for r in requests] if generators else [None] * len(requests)
+        return self.sample(logits, rows, [r.params for r in requests], streams)
 
     @staticmethod
     def check(params: SamplingParams) -> None:

@@ -1,6 +1,6 @@
 """Clients of the engine process: an asyncio one for the server, a blocking one for the shell.
 
-Both connect to the two sockets the engine binds (see engine/process.py): they PUSH
+Both connect to the two sockets the engine binds (see runtime/process.py): they PUSH
 AddRequest / AbortRequest / StatsQuery and PULL StepOutputs / EngineStats. Sends never wait
 on the engine (a PUSH queues the message), so an abort from a cancelled task always goes out.
 """
@@ -17,7 +17,7 @@ import zmq.asyncio
 
 from ..core.sampling_params import SamplingParams
 from ..engine.messages import AbortRequest, AddRequest, EngineStats, RequestDelta, StatsQuery, StepOutputs
-from ..engine.process import EngineProcess
+from ..runtime.process import EngineProcess
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Any
 from ..core.config import EngineConfig
 from ..core.errors import UserError
 from ..core.logs import setup_logging
-from ..engine import validate_early
-from ..engine.process import EngineProcess, launch_engine
-from ..models import resolve_model
+from ..engine.resolve import validate_early
+from ..models.source import resolve_model
+from ..runtime.process import EngineProcess, launch_engine
 from .sampling_defaults import API_FALLBACK, SamplingDefaults, resolve_sampling_defaults
 from .tokenizer import Tokenizer
 

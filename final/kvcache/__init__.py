@@ -9,26 +9,3 @@ prefix cache that decides which finished requests' pages are kept for reuse.
     registry        `--cache NAME` -> class, and the default (registry.py)
     KVCacheManager  a request's pages: admit, grow, cache, release (manager.py)
 """
-
-from .allocator import PageAllocator
-from .manager import KVCacheManager, RequestPages
-from .page_table import PageTable
-from .pool import KVPool
-from .prefix_cache import Handle, NaiveCache, PrefixCache, PrefixMatch
-from .radix_cache import RadixCache
-from .registry import PREFIX_CACHES, create_prefix_cache
-
-__all__ = [
-    "Handle",
-    "KVCacheManager",
-    "KVPool",
-    "NaiveCache",
-    "PREFIX_CACHES",
-    "PageAllocator",
-    "PageTable",
-    "PrefixCache",
-    "PrefixMatch",
-    "RadixCache",
-    "RequestPages",
-    "create_prefix_cache",
-]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed import TPInfo
+from ..distributed.tp import TPInfo
 from ..kernels import gemv
 from . import fused
 

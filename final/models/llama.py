@@ -13,7 +13,7 @@ from torch import nn
 
 from ..core.forward_batch import Attention, ForwardBatch
 from ..core.model_config import ModelConfig
-from ..distributed import TPInfo
+from ..distributed.tp import TPInfo
 from ..kernels import qk_norm_rope_kv
 from .layers import (
     MergedColumnLinear,

@@ -7,7 +7,7 @@ from enum import Enum
 
 from ..core.forward_batch import StepInput
 from ..core.sampling_params import SamplingParams
-from ..kvcache import RequestPages
+from ..kvcache.manager import RequestPages
 
 
 class Status(Enum):

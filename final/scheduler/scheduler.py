@@ -3,11 +3,7 @@
 A step computes at most `max_prefill_length` prompt tokens. A prompt longer than what is left of
 that budget is cut: its first chunk runs now, the rest in later steps, its KV growing chunk by
 chunk; a cut prompt samples nothing. Several short prompts share one step's budget. The policy
-decides how prefill chunks and running decodes meet (stage 04):
-
-- `mixed` (default, Sarathi-Serve's idea): every step carries one token for every decoding request
-  plus prefill chunks up to the budget, so decodes never stall behind a long prompt;
-- `prefill-first`: steps with prefill work carry only prefill; decodes wait.
+(policy.py: `mixed`, `prefill-first`) decides how prefill chunks and running decodes meet.
 
 Admission first looks the request up in the prefix cache (stage 03): the matched pages start its
 page table, locked while it runs, and only the rest of the prompt is computed. A request hands its
@@ -22,9 +18,9 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from ..core.config import CHUNK_POLICIES
 from ..core.errors import UserError
-from ..kvcache import KVCacheManager
+from ..kvcache.manager import KVCacheManager
+from .policy import Chunks, MixedPolicy, SchedulingPolicy
 from .request import Request, ScheduledBatch, Status
 
 log = logging.getLogger(__name__)
@@ -42,11 +38,16 @@ class NeedsDrain(Exception):
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_running: int, max_prefill_length: int, policy: str = "mixed"):
-        if policy not in CHUNK_POLICIES:
-            raise UserError(f"unknown chunk policy {policy!r}; choose from {', '.join(CHUNK_POLICIES)}")
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_running: int,
+        max_prefill_length: int,
+        policy: SchedulingPolicy | None = None,  # None: mixed
+    ):
         self.kv = kv
-        self.max_running, self.max_prefill_length, self.policy = max_running, max_prefill_length, policy
+        self.max_running, self.max_prefill_length = max_running, max_prefill_length
+        self.policy = policy or MixedPolicy()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last is the newest
         # Finished or aborted requests whose pages wait for the step in flight (overlap scheduling:
@@ -78,18 +79,12 @@ class Scheduler:
         """The next step's requests and token counts; None when nothing can run. With a step in
         flight (`can_preempt` False) a preemption cannot happen now: NeedsDrain is raised instead,
         and the caller collects the step in flight before asking again."""
-        self.can_preempt = can_preempt
-        if self.policy == "mixed":
-            decodes = self._decodes()  # first: they may preempt, and must not wait for prefill
-            chunks = self._prefill_chunks(self.max_prefill_length)
-        else:  # prefill-first: a step with prefill work carries nothing else
-            chunks = self._prefill_chunks(self.max_prefill_length)
-            decodes = [] if chunks else self._decodes()
-        if not decodes and not chunks and any(not r.out_of_tokens for r in self.running):
+        decodes, chunks = self.policy.select(self, can_preempt)
+        while not decodes and not chunks and any(not r.out_of_tokens for r in self.running):
             # Prompts under way hold the pool and none can grow: recompute the newest later so
             # the others can finish (a lone request always fits; add_request checks that).
-            self._preempt(self.running[-1])
-            return self.schedule(can_preempt)
+            self._preempt(self.running[-1], can_preempt)
+            decodes, chunks = self.policy.select(self, can_preempt)
         if not decodes and not chunks:
             return None
         return ScheduledBatch(
@@ -100,7 +95,7 @@ class Scheduler:
             sampled=[True] * len(decodes) + [r.num_computed + n == r.seq_len for r, n in chunks],
         )
 
-    def _decodes(self) -> list[Request]:
+    def decodes(self, can_preempt: bool) -> list[Request]:
         """Running requests past their prompt: one token each. When the pool runs dry, preempt the
         newest request until the rest fit."""
         # A request whose last token is already in flight and used up max_tokens is done: it
@@ -109,16 +104,16 @@ class Scheduler:
         preemptions = self.num_preemptions
         for req in decodes:
             while req.status is Status.RUNNING and not self.kv.grow(req.kv, req.seq_len):
-                self._preempt(self.running[-1])
+                self._preempt(self.running[-1], can_preempt)
         if self.num_preemptions == preemptions:
             return decodes
         # Preempted requests left the batch: the survivors, in the running list's order.
         return [r for r in self.running if r.is_decoding and not r.out_of_tokens]
 
-    def _prefill_chunks(self, budget: int) -> list[tuple[Request, int]]:
+    def prefill_chunks(self, budget: int) -> Chunks:
         """(request, tokens to compute) pairs within the budget: first the requests whose prefill
         is under way (oldest first), then new admissions; the last one may be cut."""
-        chunks: list[tuple[Request, int]] = []
+        chunks: Chunks = []
         for req in self.running:
             if budget == 0:
                 return chunks
@@ -177,8 +172,8 @@ class Scheduler:
         computed = min(req.num_computed, len(req.prompt_ids) + len(req.output_ids))
         self.kv.cache(req.kv, req.tokens(0, computed), computed)
 
-    def _preempt(self, req: Request) -> None:
-        if not self.can_preempt:
+    def _preempt(self, req: Request, can_preempt: bool) -> None:
+        if not can_preempt:
             raise NeedsDrain
         log.warning(
             "KV cache full: preempting request %d (%d tokens); it will be recomputed", req.rid, req.seq_len

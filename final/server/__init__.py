@@ -13,12 +13,11 @@ formatting.py   usage, logprobs and SSE frames;  errors.py  OpenAI error bodies
 metrics.py      Prometheus text format;  state.py  what the handlers share
 """
 
-import argparse
-
 from ..core.config import EngineConfig
+from ..frontend.options import ServeOptions
 
 
-def serve(args: argparse.Namespace, config: EngineConfig) -> int:
+def serve(args: ServeOptions, config: EngineConfig) -> int:
     """Run the server until Ctrl-C (imported lazily: `import final.server` pulls in no web stack)."""
     from .launch import serve as _serve
 

@@ -4,7 +4,8 @@
 event loop between the check and the taking, so a burst of 40 streams against a limit of 8 admits
 exactly 8, however the tasks interleave (the count used to be read at admission and raised only
 once a stream's body began, so a burst slipped through). The places are held by a `Ticket` until
-the response is done, whatever ends it; releasing twice is a no-op.
+the response is done, whatever ends it (a streamed one through `TicketedStream`); releasing
+twice is a no-op.
 
 A request that asks for more sequences (prompts x n) than the limit can never be served: that is
 a 400 naming the limit, not a 503 a retrying client would loop on.
@@ -12,7 +13,13 @@ a 400 naming the limit, not a 503 a retrying client would loop on.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
 from .errors import APIError, never_fits, overloaded
+from .formatting import SSE_HEADERS
 
 
 class Ticket:
@@ -42,3 +49,18 @@ class Admission:
         self.in_use += count
         return Ticket(self, count)
         # --8<-- [end:reserve]
+
+
+class TicketedStream(StreamingResponse):
+    """A streamed response that gives its admission places back when it ends, even when it is
+    cancelled before its body starts (then the body's own `finally` never runs)."""
+
+    def __init__(self, ticket: Ticket, content: AsyncIterator[str]):
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.ticket = ticket
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.release()

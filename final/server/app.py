@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..engine.process import EngineProcess
 from ..frontend.client import AsyncEngineClient
+from ..runtime.process import EngineProcess
 from . import security
 from .errors import APIError
 from .generation import ClientGone

@@ -3,14 +3,13 @@
 Shutdown, on SIGINT (Ctrl-C) or SIGTERM, is bounded whatever is in flight: every request still
 running ends at once with an error event (`shutting_down`) instead of a torn connection, uvicorn
 closes the connections, and the engine process is stopped (a Shutdown message, then SIGTERM,
-then SIGKILL, each after a bounded wait; engine/process.py). uvicorn's habit of re-raising the
+then SIGKILL, each after a bounded wait; runtime/process.py). uvicorn's habit of re-raising the
 signal once it is done is switched off: it killed this process before the engine was stopped,
 and left the engine orphaned.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig
 from ..core.errors import UserError
+from ..frontend.options import ServeOptions
 from ..frontend.sampling_defaults import sampling_flags
 from ..frontend.startup import Frontend, start_frontend
 from . import security
@@ -62,7 +62,7 @@ def make_uvicorn_server(config: uvicorn.Config, on_exit: Callable[[], None]) -> 
     return Server(config)
 
 
-def serve(args: argparse.Namespace, config: EngineConfig) -> int:
+def serve(args: ServeOptions, config: EngineConfig) -> int:
     log_level = args.log_level or "info"
     api_key = args.api_key or os.environ.get(security.API_KEY_ENV) or None
 
@@ -90,7 +90,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
 
 
 def run_http(
-    args: argparse.Namespace, config: EngineConfig, frontend: Frontend, api_key: str | None, log_level: str
+    args: ServeOptions, config: EngineConfig, frontend: Frontend, api_key: str | None, log_level: str
 ) -> None:
     import uvicorn
 

@@ -17,17 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
 
 from ..core.errors import UserError
 from ..core.sampling_params import SamplingParams
 from ..frontend.request_state import OutputDelta, RequestState
 from ..frontend.sampling_defaults import fit_default_max_tokens
-from .admission import Ticket
+from .admission import Ticket, TicketedStream
 from .body import read_json
 from .errors import APIError, bad_request, model_not_found
-from .formatting import SSE_DONE, SSE_HEADERS, chat_logprobs, completion_logprobs, sse, usage
+from .formatting import SSE_DONE, chat_logprobs, completion_logprobs, sse, usage
 from .generation import ClientGone, Job, check_request, generate_many, sampling_for_choice
 from .prompts import chat_prompt, completion_prompts
 from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest, parse
@@ -66,21 +65,6 @@ def sampling_params(
         )
     except UserError as err:
         raise bad_request(str(err)) from None
-
-
-class TicketedStream(StreamingResponse):
-    """A streamed response that gives its admission places back when it ends, even when it is
-    cancelled before its body starts (then the body's own `finally` never runs)."""
-
-    def __init__(self, ticket: Ticket, content: AsyncIterator[str]):
-        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
-        self.ticket = ticket
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.ticket.release()
 
 
 @dataclass

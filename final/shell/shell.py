@@ -11,7 +11,6 @@ for the rest of the session.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from ..core.limits import max_new_tokens
 from ..core.sampling_params import SamplingParams
 from ..engine.messages import EngineInfo
 from ..frontend.client import SyncEngineClient
+from ..frontend.options import ServeOptions
 from ..frontend.request_state import RequestState
 from ..frontend.sampling_defaults import (
     SHELL_FALLBACK,
@@ -190,7 +190,7 @@ class Shell:
             self.answer(line)
 
 
-def run_shell(args: argparse.Namespace, config: EngineConfig) -> int:
+def run_shell(args: ServeOptions, config: EngineConfig) -> int:
     frontend = start_frontend(
         config,
         args.log_level or "warning",

@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from .messages import Shutdown
+from ..engine.messages import Shutdown
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,14 @@
 
 No launcher is needed: rank 0 serves the rendezvous store, publishes in it what every rank needs
 (the engine's config, the model folder, the dtype), and starts each rank of its node as a fresh
-interpreter (`python -m final.engine.worker`, worker.py), rank i on cuda:i (or the CPU, with
+interpreter (`python -m final.runtime.worker`, worker.py), rank i on cuda:i (or the CPU, with
 gloo). Every other node's `python -m final --node-rank k` only starts its node's ranks and
-waits on them (`serve_node`); it takes every engine flag from node 0.
+waits on them (node.py); it takes every engine flag from node 0.
 
 Rank 0 alone schedules, samples and talks to the frontend. Per step it sends the batch
-(distributed/step_channel.py), runs its shard of the forward pass with the others (their
-all-reduces meet), samples, and broadcasts the sampled tokens, which every rank writes into its
-device token table: the next decode step reads its inputs there (overlap scheduling relies on it).
+(distributed/step_channel.py), then every rank runs the same executor step (engine/executor.py):
+its shard of the forward pass (their all-reduces meet), rank 0's sampling, and the broadcast of
+the sampled tokens into every rank's device token table, where the next decode step reads them.
 
 When a rank is lost (watchdog.py), `RankGroup` records why, stops the ranks of this node, and the
 step in progress fails with a `RankFailure` carrying that message. If rank 0 is stuck in a
@@ -39,19 +39,16 @@ from typing import Any
 
 import torch
 
-from ..core.config import EngineConfig
-from ..core.errors import UserError
-from ..core.forward_batch import StepInput
-from ..distributed import TPInfo
 from ..distributed.group import LOOPBACK, close_tp, init_tp, open_store, parse_address
-from ..distributed.step_channel import PageWrites, StepChannel
+from ..distributed.step_channel import StepChannel
+from ..distributed.tp import TPInfo
+from ..engine.resolve import ResolvedConfig
 from .watchdog import (
     ENGINE_KEY,
     JOINED_KEY,
     LEFT_KEY,
     POLL_S,
     Watchdog,
-    describe_exit,
     silence_limit,
     start_timeout,
 )
@@ -62,7 +59,6 @@ EXPLAIN_S = 5.0  # how long a failed step waits for the watchdog to say which ra
 GRACE_S = 15.0  # how long rank 0 may stay stuck in a step after a loss before its process exits
 STOP_S = 30.0  # how long a rank may take to leave after rank 0's shutdown before it is killed
 FAILED_EXIT_CODE = 3  # rank 0's process status when a lost rank ends it (the engine process's too)
-TOKEN_DTYPE = torch.int64  # of the sampled-token broadcast: its two ends must agree
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding final/, for the ranks' imports
 
 
@@ -72,12 +68,10 @@ class RankFailure(RuntimeError):
 
 @dataclass
 class RankSpec:
-    """What rank 0 publishes for the others: they build the same runner it did."""
+    """What rank 0 publishes for the others: they build the same executor it did, from the same
+    resolved config (rank i of a node runs on cuda:i, or the CPU)."""
 
-    config: EngineConfig
-    model_dir: str
-    device_type: str  # cuda or cpu; rank i takes cuda:<its index on its node>
-    dtype: str  # float32, bfloat16, float16
+    config: ResolvedConfig
     log_level: str
 
 
@@ -96,15 +90,15 @@ def spawn_rank(host: str, port: int, rank: int, local_rank: int, threads: int | 
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    argv = [sys.executable, "-m", "final.engine.worker", "--store", f"{host}:{port}", "--rank", str(rank)]
+    argv = [sys.executable, "-m", "final.runtime.worker", "--store", f"{host}:{port}", "--rank", str(rank)]
     return subprocess.Popen([*argv, "--local-rank", str(local_rank)], env=env)
 
 
 class RankGroup:
     """Rank 0's handle on the other ranks: the process groups, the step channel, the watchdog."""
 
-    def __init__(self, config: EngineConfig, device: torch.device):
-        self.config, self.device = config, device
+    def __init__(self, config: ResolvedConfig):
+        self.config, self.device = config, config.device
         self.tp = TPInfo()
         self.channel: StepChannel | None = None
         self.local: dict[int, subprocess.Popen] = {}
@@ -118,27 +112,24 @@ class RankGroup:
         self.store: Any = None  # the rendezvous server (a TCPStore), while the ranks run
 
     @classmethod
-    def start(
-        cls, config: EngineConfig, model_dir: Path, device: torch.device, dtype: torch.dtype
-    ) -> RankGroup:
+    def start(cls, config: ResolvedConfig) -> RankGroup:
         """Serve the rendezvous, start this node's other ranks, and join the process groups once
         every rank (those of the other nodes too) has arrived."""
-        group = cls(config, device)
+        group = cls(config)
         try:
-            group._start(model_dir, dtype)
+            group._start()
         except BaseException:
             group.close()
             raise
         return group
 
-    def _start(self, model_dir: Path, dtype: torch.dtype) -> None:
+    def _start(self) -> None:
         config = self.config
         host, port = parse_address(config.dist_init_addr) if config.dist_init_addr else (LOOPBACK, 0)
         self.store = open_store(host, port, config.tp, is_server=True, timeout_s=config.dist_timeout)
         port = self.store.port  # the port it took, when asked for any free one
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-        spec = RankSpec(config, str(model_dir), self.device.type, str(dtype).removeprefix("torch."), level)
-        self.store.set(ENGINE_KEY, pickle.dumps(spec))
+        self.store.set(ENGINE_KEY, pickle.dumps(RankSpec(config, level)))
         threads = cpu_threads_per_rank(config.ranks_per_node) if self.device.type == "cpu" else None
         if threads is not None and threads < torch.get_num_threads():
             torch.set_num_threads(threads)
@@ -180,14 +171,6 @@ class RankGroup:
                 )
 
     # ------------------------------------------------------------------ every step
-
-    def send_step(self, step: StepInput, page_writes: PageWrites) -> None:
-        assert self.channel is not None
-        self.channel.send(step, page_writes)
-
-    def share_tokens(self, tokens: torch.Tensor) -> None:
-        """Rank 0's sampled tokens to every rank (on the device: no wait for the GPU)."""
-        self.tp.broadcast(tokens if tokens.dtype == TOKEN_DTYPE else tokens.to(TOKEN_DTYPE))
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -276,59 +259,3 @@ class RankGroup:
         deadline = time.monotonic() + STOP_S
         while self.store.add(LEFT_KEY, 0) < self.config.tp - 1 and time.monotonic() < deadline:
             time.sleep(POLL_S)  # the ranks of other nodes are not our children: poll the store
-
-
-def serve_node(config: EngineConfig) -> int:
-    """`python -m final --node-rank K` (K > 0): start this node's ranks, which join node 0's at
-    --dist-init-addr, and wait until they exit. The engine flags come from node 0."""
-    assert config.dist_init_addr is not None and config.node_rank > 0
-    host, port = parse_address(config.dist_init_addr)
-    log.info("node %d of %d: waiting for node 0 at %s:%d", config.node_rank, config.nnodes, host, port)
-    store = open_store(host, port, config.tp, is_server=False, timeout_s=start_timeout(config.dist_timeout))
-    spec: RankSpec = pickle.loads(store.get(ENGINE_KEY))  # waits until node 0 has published it
-    if (spec.config.tp, spec.config.nnodes) != (config.tp, config.nnodes):
-        raise UserError(
-            f"node 0 runs --tp {spec.config.tp} --nnodes {spec.config.nnodes}; this node was started "
-            f"with --tp {config.tp} --nnodes {config.nnodes}"
-        )
-    per_node = config.ranks_per_node
-    first = config.node_rank * per_node
-    threads = cpu_threads_per_rank(per_node) if spec.device_type == "cpu" else None
-    procs = {
-        rank: spawn_rank(host, port, rank, rank - first, threads) for rank in range(first, first + per_node)
-    }
-    names = f"rank {first}" if per_node == 1 else f"ranks {first}-{first + per_node - 1}"
-    log.info("node %d: %s started for %s", config.node_rank, names, spec.model_dir)
-    try:
-        return _supervise(procs)
-    except KeyboardInterrupt:
-        log.info("node %d: interrupted; stopping its ranks", config.node_rank)
-        _kill(procs)
-        return 130
-
-
-def _supervise(procs: dict[int, subprocess.Popen]) -> int:
-    """Wait for every rank; the first one that fails takes the others down with it."""
-    running = dict(procs)
-    while running:
-        for rank, proc in list(running.items()):
-            code = proc.poll()
-            if code is None:
-                continue
-            del running[rank]
-            if code != 0:
-                log.error("%s; stopping this node's other ranks", describe_exit(rank, proc.pid, code))
-                _kill(running)
-                return 1
-        time.sleep(POLL_S)  # children of this process: nothing to wake us but polling
-    return 0
-
-
-def _kill(procs: dict[int, subprocess.Popen]) -> None:
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-__all__ = ["RankFailure", "RankGroup", "RankSpec", "serve_node"]

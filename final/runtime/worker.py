@@ -1,13 +1,12 @@
-"""A tensor-parallel rank other than rank 0, in its own process (started by engine/ranks.py):
+"""A tensor-parallel rank other than rank 0, in its own process (started by runtime/ranks.py):
 
-    python -m final.engine.worker --store HOST:PORT --rank R --local-rank L
+    python -m final.runtime.worker --store HOST:PORT --rank R --local-rank L
 
-It reads what to build from the rendezvous store, loads its shard of the model, and then runs
-whatever step rank 0 sends, in the order it sends them, until rank 0 says stop. It schedules
-nothing and samples nothing: per step it applies rank 0's page-table writes, runs its shard of
-the forward pass (meeting the other ranks in every all-reduce), and writes rank 0's sampled
-tokens into its own device token table. That mirrors `EngineCore.launch` line for line, so
-every rank issues the same collectives in the same order.
+It reads rank 0's resolved config from the rendezvous store, builds the same executor from it
+(engine/executor.py: its shard of the model, its own KV pool and decode graphs), and then runs
+whatever step rank 0 sends, in the order it sends them, until rank 0 says stop: the executor's
+own `follow` loop, which runs the one step method every rank runs. It schedules nothing and
+samples nothing; rank 0's tokens reach it in that step's broadcast.
 """
 
 from __future__ import annotations
@@ -22,18 +21,14 @@ import sys
 import time
 import traceback
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 
-from ..core.devices import DTYPES
 from ..core.logs import setup_logging
-from ..core.model_config import load_model_config
-from ..distributed import TPInfo
 from ..distributed.group import close_tp, init_tp, open_store, parse_address
 from ..distributed.step_channel import StepChannel
-from .ranks import TOKEN_DTYPE, RankSpec
-from .runner import ModelRunner
+from ..engine.executor import Executor
+from .ranks import RankSpec
 from .watchdog import (
     ENGINE_KEY,
     JOINED_KEY,
@@ -48,23 +43,9 @@ from .watchdog import (
 log = logging.getLogger(__name__)
 
 
-def follow_steps(runner: ModelRunner, channel: StepChannel, tp: TPInfo) -> int:
-    """Run rank 0's steps until it shuts down; returns how many ran."""
-    steps = 0
-    while (message := channel.receive()) is not None:
-        runner.page_table.queue_writes(*message.page_writes)
-        runner.forward(message.step)  # its logits are rank 0's business
-        sampled = sum(message.step.sampled)
-        if sampled:
-            tokens = torch.empty(sampled, dtype=TOKEN_DTYPE, device=runner.device)
-            runner.record_tokens(tp.broadcast(tokens))
-        steps += 1
-    return steps
-
-
 def run_rank(spec: RankSpec, store, rank: int, local_rank: int) -> None:
     config = spec.config
-    if spec.device_type == "cuda":
+    if config.device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
@@ -79,18 +60,16 @@ def run_rank(spec: RankSpec, store, rank: int, local_rank: int) -> None:
         time.sleep(POLL_S)  # they announce themselves in the store: nothing to wait on but it
     tp = init_tp(store, rank, config.tp, device, config.dist_timeout)
     try:
-        folder = Path(spec.model_dir)
-        model_config = load_model_config(folder, config.max_seq_len_override)
-        runner = ModelRunner(config, folder, model_config, device, DTYPES[spec.dtype], tp)
-        steps = follow_steps(runner, StepChannel(tp), tp)
+        executor = Executor(config, device, tp)
+        steps = executor.follow(StepChannel(tp))
         log.debug("tensor-parallel rank %d: %d steps, shutting down", rank, steps)
-        runner.release_graphs()
+        executor.release_graphs()
     finally:
         close_tp(tp)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m final.engine.worker", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m final.runtime.worker", description=__doc__)
     parser.add_argument("--store", required=True, help="HOST:PORT of rank 0's rendezvous store")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--local-rank", type=int, required=True, help="this rank's index on its node")

@@ -32,9 +32,18 @@ import zmq
 from ..core.config import EngineConfig
 from ..core.errors import UserError
 from ..core.logs import setup_logging
-from .core import EngineCore
+from ..engine.core import EngineCore
+from ..engine.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineInfo,
+    RequestDelta,
+    Shutdown,
+    StatsQuery,
+    StepOutputs,
+)
+from .build import build_engine
 from .lifeline import EngineExit, Inbox, Outbox, ParentWatch, die_with_parent
-from .messages import AbortRequest, AddRequest, EngineInfo, RequestDelta, Shutdown, StatsQuery, StepOutputs
 from .ranks import FAILED_EXIT_CODE as ENGINE_FAILED_EXIT  # a lost tensor-parallel rank
 
 log = logging.getLogger(__name__)
@@ -146,7 +155,7 @@ def engine_main(
     setup_logging(log_level)
     set_cpu_threads(config.device)
     try:
-        core = EngineCore(config, Path(model_dir))
+        core = build_engine(config, Path(model_dir))
     except UserError as err:
         ready.put(("error", str(err)))
         return

@@ -1,0 +1,108 @@
+"""The options of the faces (server and shell), typed, each declaring its own flag (core/flags.py):
+what `python -m final` takes besides the engine's (core/config.py)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from ..core.config import MODEL, positive_or_zero
+from ..core.flags import option
+from ..core.sampling_params import DEFAULT_MAX_TOKENS
+
+SAMPLING, SERVER = "sampling", "server"  # the flags' groups in --help
+SAMPLING_GROUP_HELP = (
+    "Defaults for the requests that leave a parameter out (the server) and the shell's own values "
+    "(/set changes them). A request's own value wins, then these flags, then the model's "
+    "generation_config.json, then the built-in value."
+)
+PUBLIC_PATHS = ("/health", "/metrics", "/openapi.json", "/docs")  # what --public-paths may name
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def public_paths(text: str) -> tuple[str, ...]:
+    if text.strip().lower() == "none":
+        return ()
+    paths = comma_list(text)
+    unknown = [p for p in paths if p not in PUBLIC_PATHS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown)} cannot be public; choose from {', '.join(PUBLIC_PATHS)} (or none)"
+        )
+    return paths
+
+
+@dataclass
+class ServeOptions:
+    served_model_name: str | None = option(
+        None, "the model name the API reports and accepts; default: the folder's name", group=MODEL
+    )
+    temperature: float | None = option(
+        None,
+        "0 is greedy; default: generation_config.json's, else 1.0 (OpenAI's) for the server and 0 "
+        "for the shell",
+        group=SAMPLING,
+    )
+    top_p: float | None = option(None, "default: generation_config.json's, else 1.0", group=SAMPLING)
+    top_k: int | None = option(
+        None, "-1: no limit; default: generation_config.json's, else -1", group=SAMPLING
+    )
+    min_p: float | None = option(None, "default: generation_config.json's, else 0", group=SAMPLING)
+    max_tokens: int | None = option(
+        None,
+        "most new tokens of a chat request that sets no max_tokens (completions keep OpenAI's 16) "
+        "and of a shell answer, capped by the room left in the context; 0: no cap; default: "
+        f"generation_config.json's max_new_tokens, else {DEFAULT_MAX_TOKENS}",
+        group=SAMPLING,
+        parse=positive_or_zero,
+    )
+    generation_config: str = option(
+        "auto",
+        "where the defaults above come from: the model folder's generation_config.json (auto), "
+        "nowhere (none: built-in values), or FOLDER/generation_config.json",
+        group=SAMPLING,
+        metavar="{auto,none,FOLDER}",
+    )
+    host: str = option(
+        "127.0.0.1",  # loopback: serving beyond this machine is an explicit choice
+        "address to bind; 0.0.0.0 serves other machines too",
+        group=SERVER,
+    )
+    port: int = option(1919, "HTTP port", group=SERVER)
+    max_waiting_requests: int = option(
+        1024, "requests queued beyond --max-running-requests before the server answers 503", group=SERVER
+    )
+    max_request_bytes: int = option(
+        4 * 1024 * 1024,
+        "largest request body accepted; a larger one gets 413",
+        group=SERVER,
+        parse=positive_or_zero,
+    )
+    api_key: str | None = option(
+        None,
+        "require 'Authorization: Bearer KEY' on every path but --public-paths; default: the "
+        "FINAL_API_KEY environment variable (which `ps` does not show), else no key",
+        group=SERVER,
+    )
+    public_paths: tuple[str, ...] = option(
+        PUBLIC_PATHS,
+        f"with an API key, the paths that need none: a comma list of {', '.join(PUBLIC_PATHS)}, or none",
+        group=SERVER,
+        parse=public_paths,
+    )
+    allowed_origins: tuple[str, ...] | None = option(
+        None,
+        "CORS: web origins that may call the API from a browser (comma list, or *); default: none",
+        group=SERVER,
+        parse=comma_list,
+    )
+    shell: bool = option(False, "chat in this terminal instead of serving HTTP", group=SERVER)
+    log_level: str | None = option(
+        None,
+        "log level of the server and the engine process; default: info, warning for --shell",
+        group=SERVER,
+        choices=("debug", "info", "warning", "error"),
+    )
