@@ -91,6 +91,54 @@ def steps_done_ms(mode: dict[str, Any]) -> float:
     return max(mode["step_ms"], mode["gpu_busy_ms"] + mode.get("gpu_idle_ms", 0.0))
 
 
+# A gap between two kernels longer than this is the GPU waiting for the host (a launch, a copy,
+# the next step); shorter ones are the few microseconds between back-to-back kernels of one graph.
+LONG_GAP_US = 20.0
+
+
+def idle_breakdown(mode: dict[str, Any]) -> dict[str, float]:
+    """Where the GPU's idle time of a run lies: before its first kernel (the host preparing the
+    first step of the window), and between kernels: how many gaps, how many longer than
+    LONG_GAP_US and what they add up to, the longest. Empty without GPU work (a CPU trace). The
+    two parts add up to `gpu_idle_ms`, which counts up to the GPU's last kernel."""
+    spans: list[list[float]] = []
+    for start, dur in sorted(mode["gpu"]):
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], start + dur)
+        else:
+            spans.append([start, start + dur])
+    if not spans:
+        return {}
+    gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:], strict=False)]
+    long = [g for g in gaps if g > LONG_GAP_US]
+    return {
+        "idle_before_first_ms": spans[0][0] / 1000,
+        "idle_between_ms": sum(gaps) / 1000,
+        "first_to_last_ms": (spans[-1][1] - spans[0][0]) / 1000,
+        "gaps": float(len(gaps)),
+        "long_gaps": float(len(long)),
+        "long_gap_ms": sum(long) / 1000,
+        "max_gap_us": max(gaps, default=0.0),
+        "done_ms": steps_done_ms(mode),
+    }
+
+
+def idle_text(mode: dict[str, Any], steps: int = 1) -> str:
+    """The idle breakdown in words, for the fragment: "" for a run without GPU work."""
+    idle = idle_breakdown(mode)
+    if not idle:
+        return ""
+    per = (
+        f"; first to last kernel {idle['first_to_last_ms']:.2f} ms ({idle['first_to_last_ms'] / steps:.2f} ms a step)"
+        if steps > 1
+        else ""
+    )
+    return (f"GPU idle {idle['idle_before_first_ms']:.2f} ms before its first kernel and "
+            f"{idle['idle_between_ms']:.2f} ms between kernels, in {idle['gaps']:,.0f} gaps: "
+            f"{idle['long_gaps']:,.0f} longer than {LONG_GAP_US:.0f} µs ({idle['long_gap_ms']:.2f} ms), "
+            f"the longest {idle['max_gap_us']:,.1f} µs{per}")  # fmt: skip
+
+
 def summary(mode: dict[str, Any], steps: int = 1) -> str:
     busy = 100 * mode["gpu_busy_ms"] / mode["step_ms"] if mode["step_ms"] else 0.0
     if steps > 1:  # a run of steps: how long the GPU waited for the host, per step
@@ -196,7 +244,9 @@ def render_fragment(profiles: dict[str, dict[str, Any]], stage: str = "05_cuda_g
     for name, profile in profiles.items():
         out += [f"![{what}: {title(profile)}](../assets/profiles/{figure_name(name)})", ""]
         for key, label in STAGE_MODES[stage]:
-            out.append(f"- {label}: {summary(profile['modes'][key], profile.get('steps', 1))}.")
+            mode, steps = profile["modes"][key], profile.get("steps", 1)
+            idle = idle_text(mode, steps)
+            out.append(f"- {label}: {summary(mode, steps)}." + (f" {idle}." if idle else ""))
         out += [
             "",
             *kernel_tables(profile),
