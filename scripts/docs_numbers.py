@@ -19,9 +19,15 @@ string and number constants, `+ - * /`, and the functions of `Numbers.functions(
   scripts/render_profile.py: `idle_before_first_ms`, `idle_between_ms`, `first_to_last_ms`,
   `long_gaps`, `max_gap_us`, `done_ms`);
 - `result(name, key, digits=None)`: `value` formatted as the tables format it (or to `digits`);
-- `fmt(x, digits=None)`, `ratio(x, y, digits=2)` (`1.28×`), `pct(part, whole, digits=0)` (`9%`);
+- `fmt(x, digits=None)`, `ratio(x, y, digits=None)` (`1.28×`), `pct(part, whole, digits=0)`
+  (`9%`), `least(x, ...)`, `most(x, ...)`;
 - `date(name)`, `measured_on(name, ...)` ("one H200, 2026-11-23, torch 2.11.0, FlashInfer
-  0.7.2.post1, one run each"), `version(name, package)`.
+  0.7.2.post1, one run each"), `version(name, package)`;
+- `rows(prefix, suffix="")`: the results a prefix (and suffix) name, with their runs ("`mixed 2048` (one run) and
+  `unchunked` (one run)"), and `when(name, key, yes, no)`: text that depends on whether a result
+  has a metric, so a page reads right before and after the run that adds it.
+
+Text inside a macro is scanned for typed numbers like the rest of the page (tests/test_docs_numbers.py).
 
 A name is a result's `name` (benchmarks/results/**) or a profile's path under benchmarks/profiles
 without `.json` (`h200/stage06_decode_step_b64_cuda`).
@@ -37,11 +43,20 @@ from pathlib import Path
 from typing import Any
 
 from scripts import render_profile
-from scripts.results_model import Result, ResultError, device_of, format_metric, load_results
+from scripts.results_model import (
+    Result,
+    ResultError,
+    device_of,
+    format_metric,
+    format_ratio,
+    load_results,
+    short_label,
+)
 
 RESULTS_DIR = Path("benchmarks/results")
 PROFILES_DIR = Path("benchmarks/profiles")
-FUNCTIONS = ("value", "profile", "result", "fmt", "ratio", "pct", "date", "measured_on", "version")
+FUNCTIONS = ("value", "profile", "result", "fmt", "ratio", "pct", "least", "most", "date", "measured_on",
+             "version", "rows", "when")  # fmt: skip
 # `{{ name(...) }}` with one of our functions: anything else in double braces is left alone.
 MACRO = re.compile(r"\{\{\s*((?:" + "|".join(FUNCTIONS) + r")\b.*?)\s*\}\}", re.S)
 PACKAGES = {
@@ -141,10 +156,19 @@ class Numbers:
         return format_metric(float(x)) if digits is None else f"{float(x):,.{int(digits)}f}"
 
     @staticmethod
-    def ratio(x: float, y: float, digits: int = 2) -> str:
+    def ratio(x: float, y: float, digits: int | None = None) -> str:
+        """`x / y` as `1.28×`: as the tables write ratios, or with `digits` decimals."""
         if y == 0:
             raise NumbersError("ratio(): division by zero")
-        return f"{x / y:.{int(digits)}f}×"
+        return format_ratio(x / y) if digits is None else f"{x / y:.{int(digits)}f}×"
+
+    @staticmethod
+    def least(*xs: float) -> float:
+        return min(xs)
+
+    @staticmethod
+    def most(*xs: float) -> float:
+        return max(xs)
 
     @staticmethod
     def pct(part: float, whole: float, digits: int = 0) -> str:
@@ -163,12 +187,21 @@ class Numbers:
 
     def measured_on(self, *names: str) -> str:
         """Where and when: "one H200, 2026-11-23, torch 2.11.0, FlashInfer 0.7.2.post1, one run
-        each" (dates joined when they differ, the repeats counted)."""
+        each" (dates joined when they differ, the repeats counted: "the median of three runs")."""
         if not names:
             raise NumbersError("measured_on() needs at least one name")
         sources = [self._source(n) for n in names]
-        devices = sorted({device_of(_as_result(hw)) for hw, _, _, _ in sources})
-        where = " and ".join("the CPU" if d == "CPU" else f"one {d}" for d in devices)
+        places = []
+        for hardware, _, _, _ in sources:
+            device = device_of(_as_result(hardware))
+            if device != "CPU":
+                place = f"one {device}"
+            elif hardware.get("cpu_cores"):
+                place = f"a {hardware['cpu_cores']}-core {hardware['cpu']}"
+            else:
+                place = f"a {hardware['cpu']}"
+            places.append(place)
+        where = " and ".join(dict.fromkeys(places))
         dates = sorted({ts[:10] for _, _, ts, _ in sources})
         when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
         packages = []
@@ -181,10 +214,30 @@ class Numbers:
         if repeats == [1]:
             runs = f"one run{each}"
         elif len(repeats) == 1:
-            runs = f"{COUNT_WORDS.get(repeats[0], repeats[0])} runs{each} (medians)"
+            runs = f"the median of {COUNT_WORDS.get(repeats[0], repeats[0])} runs{each}"
         else:
-            runs = f"{repeats[0]} to {repeats[-1]} runs{each}"
+            runs = f"the median of {repeats[0]} to {repeats[-1]} runs{each}"
         return ", ".join([where, when, *packages, runs])
+
+    def rows(self, prefix: str, suffix: str = "") -> str:
+        """The results whose name starts with `prefix` (and ends with `suffix`), as their tables label them, with their
+        runs: "`mixed 2048` (one run) and `unchunked` (one run)". For a sentence that must say
+        which configurations have results whatever files exist."""
+        found = [r for name, r in self.results.items() if name.startswith(prefix) and name.endswith(suffix)]
+        if not found:
+            raise NumbersError(f"no result's name starts with {prefix!r} and ends with {suffix!r}")
+        parts = []
+        for r in found:
+            n = int(self.value(r.name, "repeats"))
+            runs = "one run" if n == 1 else f"the median of {COUNT_WORDS.get(n, n)} runs"
+            parts.append(f"`{short_label(r)}` ({runs})")
+        return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+    def when(self, name: str, key: str, yes: str, no: str) -> str:
+        """`yes` if result `name` exists and has the metric `key`, else `no`: prose that reads the
+        results as they are, before and after a run that adds a metric or a configuration."""
+        found = self.results.get(name)
+        return yes if found is not None and key in found.metrics else no
 
     def functions(self) -> dict[str, Callable[..., Any]]:
         return {name: getattr(self, name) for name in FUNCTIONS}
@@ -241,10 +294,18 @@ def evaluate(expression: str, numbers: Numbers) -> Any:
     return walk(tree.body)
 
 
+# Code shows a macro as written (an example of the syntax), so macros in code are left alone.
+CODE = re.compile(r"^([ \t]*)(```|~~~)[^\n]*\n.*?^\1\2[ \t]*$|`[^`\n]+`", re.S | re.M)
+
+
 def expand(markdown: str, numbers: Numbers, where: str) -> str:
-    """Every macro of a page replaced by its text; a macro that fails names the page and itself."""
+    """Every macro of a page (outside code) replaced by its text; a macro that fails names the
+    page, its line and itself."""
+    code = [m.span() for m in CODE.finditer(markdown)]
 
     def replace(match: re.Match[str]) -> str:
+        if any(start <= match.start() < end for start, end in code):
+            return match.group(0)
         try:
             out = evaluate(match.group(1), numbers)
         except NumbersError as exc:
@@ -256,7 +317,9 @@ def expand(markdown: str, numbers: Numbers, where: str) -> str:
 
 
 def macros(markdown: str) -> list[re.Match[str]]:
-    return list(MACRO.finditer(markdown))
+    """The macros of a page that `expand` evaluates (not those shown in code)."""
+    code = [m.span() for m in CODE.finditer(markdown)]
+    return [m for m in MACRO.finditer(markdown) if not any(s <= m.start() < e for s, e in code)]
 
 
 # ---------------------------------------------------------------------------------------------

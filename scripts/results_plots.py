@@ -33,6 +33,7 @@ PLOT_METRICS: dict[str, tuple[str, ...]] = {
     "long-prompt": ("short_itl_ms_max", "short_itl_ms_p99", "short_itl_ms_p50", "long_ttft_ms_p50"),
     "online": ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50"),
     "decode-profile": ("step_ms", "gpu_busy_ms_per_step"),
+    "tp-collectives": ("step_ms", "collective_ms_per_step"),
 }
 # Workloads that get a table but no panel: `startup` times `--help`, which says nothing next to a
 # chapter's measurement and took a third of its figure.
