@@ -139,6 +139,16 @@ def idle_text(mode: dict[str, Any], steps: int = 1) -> str:
             f"the longest {idle['max_gap_us']:,.1f} µs{per}")  # fmt: skip
 
 
+def figure_summary(mode: dict[str, Any], steps: int = 1) -> str:
+    """The short form of `summary`, for a panel's title (the fragment's lines have the rest)."""
+    if steps > 1:
+        return (f"{steps} steps done in {steps_done_ms(mode):.1f} ms; GPU busy {mode['gpu_busy_ms']:.1f} ms, "
+                f"idle {mode.get('gpu_idle_ms', 0.0):.1f} ms")  # fmt: skip
+    return (
+        f"step {mode['step_ms']:.2f} ms; GPU busy {mode['gpu_busy_ms']:.2f} ms; {mode['launches']} launches"
+    )
+
+
 def summary(mode: dict[str, Any], steps: int = 1) -> str:
     busy = 100 * mode["gpu_busy_ms"] / mode["step_ms"] if mode["step_ms"] else 0.0
     if steps > 1:  # a run of steps: how long the GPU waited for the host, per step
@@ -203,29 +213,36 @@ def plot_profile(profile: dict[str, Any], target: Path) -> None:
     )
     zoom = steps == 1  # one step: zoom into its middle; a run of steps shows its gaps whole
     zoom_ms = min(0.4, span_ms)
-    fig, axes = plt.subplots(
-        len(labels), 2 if zoom else 1, figsize=(12, 4.6), squeeze=False,
-        gridspec_kw={"width_ratios": [3, 2]} if zoom else None,
-    )  # fmt: skip
+    # One column, as wide as the book's text column (about 700 px) at a scale that keeps 9-point
+    # labels readable; each mode's zoom goes under its whole step.
+    rows = [(key, label, False) for key, label in labels]
+    if zoom:
+        rows = [row for key, label in labels for row in ((key, label, False), (key, label, True))]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(7.2, 1.25 * len(rows) + 1.0), squeeze=False)
     kinds_seen: set[str] = set()
-    for row, (key, label) in zip(axes, labels, strict=True):
+    for ax, (key, label, is_zoom) in zip(axes[:, 0], rows, strict=True):
         mode = modes[key]
-        draw_lanes(row[0], mode, (0.0, span_ms), kinds_seen)
-        row[0].axvline(mode["step_ms"], color="black", lw=0.8, ls="--")
-        row[0].set_title(f"{label}: {summary(mode, steps)}", fontsize=9, loc="left")
-        if zoom:
-            draw_lanes(row[1], mode, zoom_window(mode, zoom_ms), kinds_seen)
-            row[1].set_title(f"zoom: {1000 * zoom_ms:.0f} microseconds mid-step", fontsize=9, loc="left")
-            axes[-1, 1].set_xlabel("time since the step started (ms)")
+        if is_zoom:
+            draw_lanes(ax, mode, zoom_window(mode, zoom_ms), kinds_seen)
+            ax.set_title(
+                f"{label}, zoomed: {1000 * zoom_ms:.0f} microseconds mid-step", fontsize=9, loc="left"
+            )
+            continue
+        draw_lanes(ax, mode, (0.0, span_ms), kinds_seen)
+        ax.axvline(mode["step_ms"], color="black", lw=0.8, ls="--")
+        ax.set_title(f"{label}: {figure_summary(mode, steps)}", fontsize=9, loc="left")
+    for ax, (_, _, is_zoom) in zip(axes[:, 0], rows, strict=True):
+        ax.set_xlabel("time since the step started (ms)" if is_zoom else "", fontsize=8)
     ends = "the step ends" if steps == 1 else f"the host is done with {steps} steps"
-    axes[-1, 0].set_xlabel(
-        f"time since the {'step' if steps == 1 else 'first step'} started (ms); dashed: {ends}"
+    whole = [ax for ax, (_, _, is_zoom) in zip(axes[:, 0], rows, strict=True) if not is_zoom]
+    whole[-1].set_xlabel(
+        f"time since the {'step' if steps == 1 else 'first step'} started (ms); dashed: {ends}", fontsize=8
     )
     handles = [Patch(color=HOST_COLOURS[k], label=f"host: {k}") for k in HOST_COLOURS if k in kinds_seen]
     handles.append(Patch(color=GPU_COLOUR, label="GPU: kernels and copies"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.suptitle(title(profile), fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle(title(profile), fontsize=9)
+    fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))  # half an inch for the legend
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target, dpi=110, metadata={"Software": None})
     plt.close(fig)

@@ -224,7 +224,7 @@ KEY_METRICS: dict[str, tuple[str, ...]] = {
     "online": ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99"),
     "decode-profile": ("step_ms", "gpu_busy_ms_per_step", "cuda_kernels_per_step", "aten_ops_per_step"),
     "tp-collectives": ("step_ms", "collective_ms_per_step", "collective_share", "all_reduce_per_step",
-                       "all_reduce_us_each", "all_gather_per_step", "broadcast_per_step", "step_message_per_step"),
+                       "all_reduce_us_each"),
 }  # fmt: skip
 DEFAULT_KEY_METRICS = 4
 UNITS = (("_tok_per_s", "tok/s"), ("_ms", "ms"), ("_us", "µs"), ("_gb", "GB"), ("_s", "s"))
