@@ -291,3 +291,26 @@ def test_the_hook_fails_the_build_with_the_message(numbers) -> None:
     assert mkdocs_hooks.on_page_markdown("no macro {{ here }}", page, {}, None) == "no macro {{ here }}"
     with pytest.raises(PluginError, match=r"chapters/x.md:1: .*no result named 'gone'"):
         mkdocs_hooks.on_page_markdown('{{ result("gone", "x") }}', page, {}, None)
+
+
+def test_chapter_04_reads_right_before_and_after_the_h200_run(tmp_path) -> None:
+    """Chapter 04 must render whatever H200 results exist: today two configurations of one run
+    without the worst gap; after `bench-ch04`, four of three runs with it."""
+    import json
+    import shutil
+
+    shutil.copytree(ROOT / "benchmarks", tmp_path / "benchmarks")
+    chapter = (ROOT / "docs" / "chapters" / "04_chunked_prefill.md").read_text("utf-8")
+    before = docs_numbers.expand(chapter, docs_numbers.Numbers.load(tmp_path), "04")
+    h200 = tmp_path / "benchmarks" / "results" / "h200"
+    base = json.loads((h200 / "stage04_long_prompt_unchunked_h200.json").read_text())
+    for name in ("unchunked", "mixed_2048", "mixed_8192", "prefill_first_8192"):
+        run = {**base["metrics"], "short_itl_ms_max": 500.0, "short_itl_ms_p999": 400.0}
+        result = {**base, "name": f"stage04_long_prompt_{name}_h200", "metrics": run, "runs": [run] * 3}
+        (h200 / f"{result['name']}.json").write_text(json.dumps(result))
+    docs_numbers._load.cache_clear()
+    after = docs_numbers.expand(chapter, docs_numbers.Numbers.load(tmp_path), "04")
+    assert "exist so far for `mixed 2048` (one run) and `unchunked` (one run)" in before
+    assert "made before the harness reported the worst gap" in before
+    assert "`mixed 8192` (the median of three runs)" in after and "`prefill first 8192`" in after
+    assert "Read their worst gap" in after and "made before the harness" not in after
