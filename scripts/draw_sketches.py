@@ -31,7 +31,7 @@ def text(x: float, y: float, s: str, size: int = 11, anchor: str = "start", weig
 
 
 def box(x: float, y: float, w: float, h: float, fill: str, label: str = "", text_fill: str = "white",
-        size: int = 10, dash: bool = False) -> list[str]:  # fmt: skip
+        size: int = 11, dash: bool = False) -> list[str]:  # fmt: skip
     stroke = ' stroke="#555" stroke-dasharray="5,3" fill-opacity="0"' if dash else ' stroke="white"'
     out = [f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="3" fill="{fill}"{stroke} />']
     if label:
