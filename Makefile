@@ -113,6 +113,7 @@ docs-gen: setup
 	$(BIN)/python scripts/render_results.py
 	$(BIN)/python scripts/render_profile.py
 	$(BIN)/python scripts/draw_overlap_timeline.py
+	$(BIN)/python scripts/draw_sketches.py
 
 # The site in build/site: open build/site/index.html (file:// works), or make docs-serve.
 docs: docs-gen docs-assets notebooks-run

@@ -10,9 +10,15 @@ docstring and the comments above its first statement; the rest of its body becom
 `raise NotImplementedError("exercise: <name>, see docs/chapters/<stage>.md#<section>")`. The
 snippet markers stay, so `--solution` can splice the original sections back in.
 
+Each stub names the chapter section that explains it: the section an in-page link in the
+include's lead-in points to, else the section of "The problem" that names the most of its
+functions, else the heading the include sits under. Stubs that only a GPU test can check, or that
+no test checks, say so (scripts/exercise_stubs.py has the rules).
+
 The tests import the stage as `stages.<stage>`; with `EXERCISE_STAGE_DIR=<copy>` set,
 tests/conftest.py binds that name to the copy instead (and to nothing else), so the stage's own
-tests are the red-to-green checker. `exercises/` is git-ignored: the copy is the reader's.
+tests and the conformance suite's tests of that stage are the red-to-green checker. `exercises/`
+is git-ignored: the copy is the reader's.
 """
 
 from __future__ import annotations
@@ -24,38 +30,28 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # as a script, or imported from tests/
+
+from exercise_stubs import (  # noqa: E402, F401  (re-exported: the tests use them)
+    ExerciseError,
+    Region,
+    Stub,
+    functions,
+    region_lines,
+    splice_originals,
+    stub_file,
+)
+
+_functions = functions  # the name the tests have always used
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ROOT / "stages"
 CHAPTERS = ROOT / "docs" / "chapters"
 DEFAULT_OUT = ROOT / "exercises"
 ENV_VAR = "EXERCISE_STAGE_DIR"  # read by tests/conftest.py
-MARKER = re.compile(r"^\s*# --8<-- \[(?P<kind>start|end):(?P<name>[\w-]+)\]\s*$")
 INCLUDE = re.compile(r'^\s*--8<-- "stages/(?P<stage>[^/"]+)/(?P<file>[^":]+\.py):(?P<name>[\w-]+)"\s*$')
 HEADING = re.compile(r"^(?P<hashes>#{1,6})\s+(?P<title>.+?)\s*$")
-
-
-class ExerciseError(Exception):
-    """A bad request (unknown stage, no chapter, a copy already there): one line for the reader."""
-
-
-@dataclass(frozen=True)
-class Region:
-    """A snippet section the chapter includes: where it is taught and which file holds it."""
-
-    file: str  # relative to the stage folder
-    name: str
-    section: str  # the chapter heading the include sits under
-    anchor: str  # that heading's id on the site
-
-
-@dataclass(frozen=True)
-class Stub:
-    region: Region
-    function: str  # qualified name, e.g. RadixCache.match
-    line: int  # of the `def` in the stubbed file
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,129 +78,74 @@ def slugify(title: str) -> str:
     return toc_slugify(title, "-")
 
 
+LINK = re.compile(r"\]\(#(?P<anchor>[\w-]+)\)")
+CODE_SECTION = "The code"
+
+
 def chapter_regions(stage: Path) -> tuple[Path, list[Region]]:
-    """The snippet sections of this stage that its chapter includes, in the chapter's order."""
+    """The snippet sections of this stage that its chapter includes, in the chapter's order, each
+    with the section that explains it."""
     chapter = CHAPTERS / f"{stage.name}.md"
     if not chapter.is_file():
         raise ExerciseError(f"stage {stage.name} has no chapter ({chapter.relative_to(ROOT)} is missing)")
+    sections: list[tuple[str, str, list[str]]] = []  # (title, anchor, body lines) in order
     regions: list[Region] = []
-    section = anchor = ""
+    lead_in: list[str] = []  # the prose since the last include or heading
     in_fence = False  # a `# comment` in a code block is no heading
     for line in chapter.read_text(encoding="utf-8").splitlines():
         if line.lstrip().startswith(("```", "~~~")):
             in_fence = not in_fence
         elif not in_fence and (m := HEADING.match(line)):
-            section, anchor = m["title"], slugify(m["title"])
-        elif (m := INCLUDE.match(line)) and m["stage"] == stage.name:
-            region = Region(m["file"], m["name"], section, anchor)
+            sections.append((m["title"], slugify(m["title"]), []))
+            lead_in = []
+            continue
+        elif (m := INCLUDE.match(line)) and m["stage"] == stage.name and sections:
+            if regions and not any(x.strip() and not x.lstrip().startswith(("```", "~~~")) for x in lead_in):
+                title, anchor = regions[-1].section, regions[-1].anchor  # right after the last one
+            else:
+                title, anchor = explained_in(stage, m["file"], m["name"], lead_in, sections)
+            region = Region(m["file"], m["name"], title, anchor)
             if region not in regions:
                 regions.append(region)
+            lead_in = []
+            continue
+        if sections:
+            sections[-1][2].append(line)
+        lead_in.append(line)
     return chapter, regions
 
 
-def region_lines(lines: list[str], name: str) -> tuple[int, int]:
-    """1-based line numbers of the start and end markers of section `name`."""
-    start = end = 0
-    for i, line in enumerate(lines, 1):
-        if (m := MARKER.match(line)) and m["name"] == name:
-            if m["kind"] == "start":
-                start = i
-            elif start:
-                end = i
-                break
-    if not (start and end):
-        raise ExerciseError(f"no snippet section {name!r} in the file")
-    return start, end
+def explained_in(
+    stage: Path, file: str, name: str, lead_in: list[str], sections: list[tuple[str, str, list[str]]]
+) -> tuple[str, str]:
+    """The (title, anchor) of the section that explains snippet `name`: an in-page link in its
+    lead-in (the chapters give one), else the section before "The code" that names most of its
+    functions and classes in code (`GraphRunner`, `capture_sizes`), else the heading the include
+    sits under. An include right after another, with no prose between, shares its section."""
+    anchors = {anchor: title for title, anchor, _ in sections}
+    for link in reversed(LINK.findall("\n".join(lead_in))):
+        if link in anchors:
+            return anchors[link], link
+    names = region_names(stage / file, name)
+    best, best_score = sections[-1][:2], 0
+    for title, anchor, body in sections:
+        if title == CODE_SECTION:
+            break
+        text = "\n".join(body)
+        score = sum(len(re.findall(rf"`[\w.]*\b{re.escape(n)}\b[\w.()]*`", text)) for n in names)
+        if score > best_score:
+            best, best_score = (title, anchor), score
+    return best
 
 
-# ---------------------------------------------------------------------------------------------
-# Stubbing
-
-
-def _functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
-    """Every function with its qualified name, outer ones before those nested in them."""
-    out: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]] = []
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                out.append((prefix + child.name, child))
-                visit(child, f"{prefix}{child.name}.<locals>.")
-            elif isinstance(child, ast.ClassDef):
-                visit(child, f"{prefix}{child.name}.")
-            else:
-                visit(child, prefix)
-
-    visit(tree, "")
-    return out
-
-
-def _has_docstring(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    first = fn.body[0]
-    return (
-        isinstance(first, ast.Expr)
-        and isinstance(first.value, ast.Constant)
-        and isinstance(first.value.value, str)
-    )
-
-
-def _trivial(statements: list[ast.stmt]) -> bool:
-    """`pass` or `...`: nothing to write."""
-    return all(
-        isinstance(s, ast.Pass)
-        or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and s.value.value is ...)
-        for s in statements
-    )
-
-
-def stub_message(region: Region, chapter: Path) -> str:
-    return f"exercise: {region.name}, see {chapter.relative_to(ROOT).as_posix()}#{region.anchor}"
-
-
-def stub_file(source: str, regions: list[Region], chapter: Path) -> tuple[str, list[Stub]]:
-    """Replace the bodies of the functions that lie wholly inside `regions` (all in this file)."""
-    lines = source.splitlines(keepends=True)
+def region_names(path: Path, name: str) -> set[str]:
+    """The functions (short names, no dunders) and classes defined inside snippet section `name`."""
+    source = path.read_text(encoding="utf-8")
+    start, end = region_lines(source.splitlines(keepends=True), name)
     tree = ast.parse(source)
-    functions = _functions(tree)
-    cuts: list[tuple[int, int, str]] = []  # (first body line, last line, replacement), 1-based
-    stubs: list[Stub] = []
-    done: set[str] = set()  # a function inside two nested sections is stubbed once
-    for region in regions:
-        start, end = region_lines(lines, region.name)
-        covered_until = 0  # a function nested in one already stubbed goes with it
-        for qualname, fn in functions:
-            first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
-            assert fn.end_lineno is not None
-            if first < start or fn.end_lineno > end or fn.lineno <= covered_until or qualname in done:
-                continue
-            body = fn.body[1:] if _has_docstring(fn) else fn.body
-            if not body or _trivial(body) or body[0].lineno == fn.lineno:
-                continue  # nothing to write, or a one-line `def f(): return x` (left as it is)
-            indent = lines[body[0].lineno - 1][: body[0].col_offset]
-            raise_line = f'{indent}raise NotImplementedError("{stub_message(region, chapter)}")\n'
-            cuts.append((body[0].lineno, fn.end_lineno, raise_line))
-            stubs.append(Stub(region, qualname, fn.lineno))
-            covered_until = fn.end_lineno
-            done.add(qualname)
-    for first, last, replacement in sorted(cuts, reverse=True):
-        lines[first - 1 : last] = [replacement]
-    ast.parse("".join(lines))  # the stubbed file must still import
-    # Line numbers after the cuts above each stub, for the listing.
-    shifted = []
-    for stub in stubs:
-        removed = sum(last - first for first, last, _ in cuts if last < stub.line)
-        shifted.append(Stub(stub.region, stub.function, stub.line - removed))
-    return "".join(lines), shifted
-
-
-def splice_originals(exercise: str, original: str, names: list[str]) -> str:
-    """Put the original text of the snippet sections `names` back into the exercise file."""
-    ex_lines, orig_lines = exercise.splitlines(keepends=True), original.splitlines(keepends=True)
-    for name in names:
-        start, end = region_lines(ex_lines, name)
-        o_start, o_end = region_lines(orig_lines, name)
-        ex_lines[start : end - 1] = orig_lines[o_start : o_end - 1]
-    return "".join(ex_lines)
+    inside = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+              and start <= n.lineno <= end]  # fmt: skip
+    return {n.name for n in inside if not n.name.startswith("__")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,9 +183,10 @@ def make_exercise(stage: Path, out: Path, wanted: list[str] | None = None, force
         shutil.rmtree(target)
     shutil.copytree(stage, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     stubs: list[Stub] = []
+    trees = [ast.parse(p.read_text(encoding="utf-8")) for p in sorted(stage.rglob("*.py"))]
     for file, file_regions in by_file(regions).items():
         path = target / file
-        text, file_stubs = stub_file(path.read_text(encoding="utf-8"), file_regions, chapter)
+        text, file_stubs = stub_file(path.read_text(encoding="utf-8"), file_regions, chapter, ROOT, trees)
         path.write_text(text, encoding="utf-8")
         stubs += file_stubs
     return stubs
@@ -275,41 +217,77 @@ def stage_tests(stage: Path) -> list[str]:
     return [f.relative_to(ROOT).as_posix() for f in files if not f.stem.endswith("_gpu")]
 
 
+CONFORMANCE = "tests/test_conformance.py"
+
+
 def shown(path: Path) -> str:
     """A path as the reader would type it from the repository root."""
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
 
-def test_command(stage: Path, target: Path) -> str:
-    tests = " ".join(stage_tests(stage))
-    return f'{ENV_VAR}={shown(target)} python -m pytest -q -m "not gpu and not multi_gpu" {tests}'
+def test_commands(stage: Path, target: Path) -> list[str]:
+    """The stage's own tests, then the conformance suite's tests of this stage (HF's tokens)."""
+    env = f"{ENV_VAR}={shown(target)}"
+    return [
+        f'{env} python -m pytest -q -m "not gpu and not multi_gpu" {" ".join(stage_tests(stage))}',
+        f"{env} python -m pytest -q {CONFORMANCE} -k {stage.name}",
+    ]
+
+
+def with_keyword(args: list[str], keyword: str) -> list[str]:
+    """`args` with `-k keyword` added, or and-ed into the reader's own `-k`."""
+    out, found = list(args), False
+    for i, arg in enumerate(out):
+        if arg in ("-k", "--keyword") and i + 1 < len(out):
+            out[i + 1], found = f"({keyword}) and ({out[i + 1]})", True
+    return out if found else [*out, "-k", keyword]
 
 
 def run_check(stage: Path, out: Path, pytest_args: list[str]) -> int:
+    """The stage's CPU tests, then its conformance tests, both against the copy; 0 when both pass
+    (a `-k` of the reader's that selects no test of one of them counts as passing there)."""
     target = out / stage.name
     if not target.is_dir():
         raise ExerciseError(
             f"no exercise at {shown(target)}: run `python scripts/exercise.py {stage.name}` first"
         )
     env = {**os.environ, ENV_VAR: str(target.resolve())}
-    command = [sys.executable, "-m", "pytest", "-q", "-m", "not gpu and not multi_gpu", *stage_tests(stage)]
-    return subprocess.run([*command, *pytest_args], cwd=ROOT, env=env).returncode
+    pytest = [sys.executable, "-m", "pytest", "-q", "-m", "not gpu and not multi_gpu"]
+    own = subprocess.run([*pytest, *stage_tests(stage), *pytest_args], cwd=ROOT, env=env).returncode
+    print(f"\nThe conformance suite, against {shown(target)}:", flush=True)
+    conformance = subprocess.run(
+        [*pytest, CONFORMANCE, *with_keyword(pytest_args, stage.name)], cwd=ROOT, env=env
+    )
+    return max(0 if code == 5 else code for code in (own, conformance.returncode))  # 5: none selected
+
+
+CHECKED = {"cpu": "", "gpu": "GPU only", "none": "no test"}
 
 
 def print_stubs(stage: Path, out: Path, stubs: list[Stub]) -> None:
     target = out / stage.name
     chapter = (CHAPTERS / f"{stage.name}.md").relative_to(ROOT).as_posix()
+    gpu = sum(s.checked_by == "gpu" for s in stubs)
+    untested = sum(s.checked_by == "none" for s in stubs)
     print(f"{len(stubs)} stubs to write in {shown(target)}/; read {chapter}, section:")
-    rows = [(f"{s.region.file}:{s.line}", s.function, f"[{s.region.name}]", s) for s in stubs]
-    widths = [max((len(row[i]) for row in rows), default=0) for i in range(3)]
-    for where, function, region, stub in rows:
-        columns = "  ".join(
-            text.ljust(width) for text, width in zip((where, function, region), widths, strict=True)
-        )
+    rows = [
+        (f"{s.region.file}:{s.line}", s.function, f"[{s.region.name}]", CHECKED[s.checked_by], s)
+        for s in stubs
+    ]
+    widths = [max((len(row[i]) for row in rows), default=0) for i in range(4)]
+    for *texts, stub in rows:
+        columns = "  ".join(text.ljust(width) for text, width in zip(texts, widths, strict=True))
         print(f"  {columns}  {stub.region.section} (#{stub.region.anchor})")
-    print("\nThe stage's tests check them (red until every stub is written):")
+    print("\nThe stage's tests and its conformance tests check them (red until every stub is written):")
     print(f"  make exercise-check STAGE={stage.name[:2]}")
-    print(f"  {test_command(stage, target)}")
+    for command in test_commands(stage, target):
+        print(f"  {command}")
+    if gpu:
+        print(f"{gpu} stubs marked GPU only are run by no CPU test: tests/test_stage{stage.name[:2]}_gpu.py "
+              "checks them on a CUDA host (make gpu-test).")  # fmt: skip
+    if untested:
+        print(f"{untested} stubs marked no test are base-class defaults that every backend of the stage "
+              "overrides: nothing runs them.")  # fmt: skip
     print(
         f"Stuck? python scripts/exercise.py {stage.name[:2]} --solution --region NAME puts one section back."
     )

@@ -1,6 +1,17 @@
-"""MkDocs hooks (mkdocs.yml `hooks:`): the executed notebooks become pages of the site.
+"""MkDocs hooks (mkdocs.yml `hooks:`): measured numbers from the result files, and the executed
+notebooks as pages of the site.
 
-The notebooks' source is the jupytext scripts `docs/notebooks/NN_*.py`. `make test` (and
+Numbers: a page quotes a measurement as a macro, `{{ result("stage05_decode_b1_graphs_h200",
+"decode_step_ms") }}`, which `on_page_markdown` replaces by the number read from
+benchmarks/results (scripts/docs_numbers.py says what a macro may contain). A macro that names a
+missing result, metric or profile stops the build with the page, its line and what exists. We
+keep this in the hooks rather than use mkdocs-macros-plugin: that plugin runs Jinja over every
+page, where the chat templates and Python that the chapters quote would need escaping, and its
+errors name a template, not the result file that is missing; ours touches only `{{ f(...) }}` of
+our own functions, evaluates them without `eval`, and shares its code with the test that scans
+the pages for numbers typed by hand (tests/test_docs_numbers.py).
+
+Notebooks: their source is the jupytext scripts `docs/notebooks/NN_*.py`. `make test` (and
 `make notebooks-run`) converts each to `build/notebooks/NN_*.ipynb` and executes it once with
 nbmake (`--overwrite` keeps the outputs); the site shows those executed copies, rendered by the
 mkdocs-jupyter plugin, at `notebooks/NN_*.html`: the same run that tested a notebook is the one a
@@ -14,12 +25,19 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from pathlib import Path
 
+from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files, InclusionLevel
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # mkdocs loads this file by path: `scripts` is not importable otherwise
+    sys.path.insert(0, str(ROOT))
+
+from scripts import docs_numbers  # noqa: E402
+
 EXECUTED = ROOT / "build" / "notebooks"  # build/notebooks/NN_name.ipynb, executed by make test
 UNEXECUTED = ROOT / "build" / "notebooks-unexecuted"
 NAV_SECTION = "Notebooks"
@@ -40,6 +58,16 @@ def title(source: Path) -> str:
         heading.split(":", 1)[-1].strip() if ":" in heading else heading or source.stem[3:].replace("_", " ")
     )
     return f"{source.stem[:2]} · {words}"
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    """Every `{{ f(...) }}` macro of the page replaced by the number it names."""
+    if not docs_numbers.macros(markdown):
+        return markdown
+    try:
+        return docs_numbers.expand(markdown, docs_numbers.Numbers.load(ROOT), page.file.src_uri)
+    except docs_numbers.NumbersError as exc:
+        raise PluginError(f"a measured number could not be read: {exc}") from None
 
 
 def on_config(config):

@@ -91,6 +91,64 @@ def steps_done_ms(mode: dict[str, Any]) -> float:
     return max(mode["step_ms"], mode["gpu_busy_ms"] + mode.get("gpu_idle_ms", 0.0))
 
 
+# A gap between two kernels longer than this is the GPU waiting for the host (a launch, a copy,
+# the next step); shorter ones are the few microseconds between back-to-back kernels of one graph.
+LONG_GAP_US = 20.0
+
+
+def idle_breakdown(mode: dict[str, Any]) -> dict[str, float]:
+    """Where the GPU's idle time of a run lies: before its first kernel (the host preparing the
+    first step of the window), and between kernels: how many gaps, how many longer than
+    LONG_GAP_US and what they add up to, the longest. Empty without GPU work (a CPU trace). The
+    two parts add up to `gpu_idle_ms`, which counts up to the GPU's last kernel."""
+    spans: list[list[float]] = []
+    for start, dur in sorted(mode["gpu"]):
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], start + dur)
+        else:
+            spans.append([start, start + dur])
+    if not spans:
+        return {}
+    gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:], strict=False)]
+    long = [g for g in gaps if g > LONG_GAP_US]
+    return {
+        "idle_before_first_ms": spans[0][0] / 1000,
+        "idle_between_ms": sum(gaps) / 1000,
+        "first_to_last_ms": (spans[-1][1] - spans[0][0]) / 1000,
+        "gaps": float(len(gaps)),
+        "long_gaps": float(len(long)),
+        "long_gap_ms": sum(long) / 1000,
+        "max_gap_us": max(gaps, default=0.0),
+        "done_ms": steps_done_ms(mode),
+    }
+
+
+def idle_text(mode: dict[str, Any], steps: int = 1) -> str:
+    """The idle breakdown in words, for the fragment: "" for a run without GPU work."""
+    idle = idle_breakdown(mode)
+    if not idle:
+        return ""
+    per = (
+        f"; first to last kernel {idle['first_to_last_ms']:.2f} ms ({idle['first_to_last_ms'] / steps:.2f} ms a step)"
+        if steps > 1
+        else ""
+    )
+    return (f"GPU idle {idle['idle_before_first_ms']:.2f} ms before its first kernel and "
+            f"{idle['idle_between_ms']:.2f} ms between kernels, in {idle['gaps']:,.0f} gaps: "
+            f"{idle['long_gaps']:,.0f} longer than {LONG_GAP_US:.0f} µs ({idle['long_gap_ms']:.2f} ms), "
+            f"the longest {idle['max_gap_us']:,.1f} µs{per}")  # fmt: skip
+
+
+def figure_summary(mode: dict[str, Any], steps: int = 1) -> str:
+    """The short form of `summary`, for a panel's title (the fragment's lines have the rest)."""
+    if steps > 1:
+        return (f"{steps} steps done in {steps_done_ms(mode):.1f} ms; GPU busy {mode['gpu_busy_ms']:.1f} ms, "
+                f"idle {mode.get('gpu_idle_ms', 0.0):.1f} ms")  # fmt: skip
+    return (
+        f"step {mode['step_ms']:.2f} ms; GPU busy {mode['gpu_busy_ms']:.2f} ms; {mode['launches']} launches"
+    )
+
+
 def summary(mode: dict[str, Any], steps: int = 1) -> str:
     busy = 100 * mode["gpu_busy_ms"] / mode["step_ms"] if mode["step_ms"] else 0.0
     if steps > 1:  # a run of steps: how long the GPU waited for the host, per step
@@ -155,29 +213,36 @@ def plot_profile(profile: dict[str, Any], target: Path) -> None:
     )
     zoom = steps == 1  # one step: zoom into its middle; a run of steps shows its gaps whole
     zoom_ms = min(0.4, span_ms)
-    fig, axes = plt.subplots(
-        len(labels), 2 if zoom else 1, figsize=(12, 4.6), squeeze=False,
-        gridspec_kw={"width_ratios": [3, 2]} if zoom else None,
-    )  # fmt: skip
+    # One column, as wide as the book's text column (about 700 px) at a scale that keeps 9-point
+    # labels readable; each mode's zoom goes under its whole step.
+    rows = [(key, label, False) for key, label in labels]
+    if zoom:
+        rows = [row for key, label in labels for row in ((key, label, False), (key, label, True))]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(7.2, 1.25 * len(rows) + 1.0), squeeze=False)
     kinds_seen: set[str] = set()
-    for row, (key, label) in zip(axes, labels, strict=True):
+    for ax, (key, label, is_zoom) in zip(axes[:, 0], rows, strict=True):
         mode = modes[key]
-        draw_lanes(row[0], mode, (0.0, span_ms), kinds_seen)
-        row[0].axvline(mode["step_ms"], color="black", lw=0.8, ls="--")
-        row[0].set_title(f"{label}: {summary(mode, steps)}", fontsize=9, loc="left")
-        if zoom:
-            draw_lanes(row[1], mode, zoom_window(mode, zoom_ms), kinds_seen)
-            row[1].set_title(f"zoom: {1000 * zoom_ms:.0f} microseconds mid-step", fontsize=9, loc="left")
-            axes[-1, 1].set_xlabel("time since the step started (ms)")
+        if is_zoom:
+            draw_lanes(ax, mode, zoom_window(mode, zoom_ms), kinds_seen)
+            ax.set_title(
+                f"{label}, zoomed: {1000 * zoom_ms:.0f} microseconds mid-step", fontsize=9, loc="left"
+            )
+            continue
+        draw_lanes(ax, mode, (0.0, span_ms), kinds_seen)
+        ax.axvline(mode["step_ms"], color="black", lw=0.8, ls="--")
+        ax.set_title(f"{label}: {figure_summary(mode, steps)}", fontsize=9, loc="left")
+    for ax, (_, _, is_zoom) in zip(axes[:, 0], rows, strict=True):
+        ax.set_xlabel("time since the step started (ms)" if is_zoom else "", fontsize=8)
     ends = "the step ends" if steps == 1 else f"the host is done with {steps} steps"
-    axes[-1, 0].set_xlabel(
-        f"time since the {'step' if steps == 1 else 'first step'} started (ms); dashed: {ends}"
+    whole = [ax for ax, (_, _, is_zoom) in zip(axes[:, 0], rows, strict=True) if not is_zoom]
+    whole[-1].set_xlabel(
+        f"time since the {'step' if steps == 1 else 'first step'} started (ms); dashed: {ends}", fontsize=8
     )
     handles = [Patch(color=HOST_COLOURS[k], label=f"host: {k}") for k in HOST_COLOURS if k in kinds_seen]
     handles.append(Patch(color=GPU_COLOUR, label="GPU: kernels and copies"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-    fig.suptitle(title(profile), fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle(title(profile), fontsize=9)
+    fig.tight_layout(rect=(0, 0.5 / fig.get_figheight(), 1, 1))  # half an inch for the legend
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target, dpi=110, metadata={"Software": None})
     plt.close(fig)
@@ -196,7 +261,9 @@ def render_fragment(profiles: dict[str, dict[str, Any]], stage: str = "05_cuda_g
     for name, profile in profiles.items():
         out += [f"![{what}: {title(profile)}](../assets/profiles/{figure_name(name)})", ""]
         for key, label in STAGE_MODES[stage]:
-            out.append(f"- {label}: {summary(profile['modes'][key], profile.get('steps', 1))}.")
+            mode, steps = profile["modes"][key], profile.get("steps", 1)
+            idle = idle_text(mode, steps)
+            out.append(f"- {label}: {summary(mode, steps)}." + (f" {idle}." if idle else ""))
         out += [
             "",
             *kernel_tables(profile),

@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts import generated, results_attention, results_ladder, results_plots, results_versus  # noqa: E402
 from scripts.results_model import (  # noqa: E402, F401  (re-exported: the tests and other scripts use them)
+    DIRTY_MARK,
+    DIRTY_NOTE,
     HEADER,
     Result,
     ResultError,
@@ -39,6 +41,7 @@ from scripts.results_model import (  # noqa: E402, F401  (re-exported: the tests
     config_label,
     device_of,
     device_order,
+    dirty,
     environment,
     format_metric,
     format_value,
@@ -132,7 +135,7 @@ def workload_table(workload: str, device: str, rows: list[Result]) -> list[str]:
     out += table(
         ["Run", *(metric_label(m) for m in keys)],
         ["---", *(["---:"] * len(keys))],
-        [[short_label(r), *(key_cell(r, m) for m in keys)] for r in rows],
+        [[short_label(r) + (DIRTY_MARK if dirty(r) else ""), *(key_cell(r, m) for m in keys)] for r in rows],
     )
     out.append("")
     notes = []
@@ -146,6 +149,8 @@ def workload_table(workload: str, device: str, rows: list[Result]) -> list[str]:
         )
     if notes:
         out += [" ".join(notes), ""]
+    if any(dirty(r) for r in rows):
+        out += [DIRTY_NOTE, ""]
     out += [f'??? note "All metrics, settings and commands ({device}, `{workload}`)"', ""]
     metrics = metric_names(rows)
     header = ["Result", "Stage", *(["Config"] if varying else []), *metrics]

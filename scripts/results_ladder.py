@@ -14,7 +14,19 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.results_model import HEADER, Result, code, device_of, device_order, format_metric, format_value
+from scripts.results_model import (
+    DIRTY_MARK,
+    DIRTY_NOTE,
+    HEADER,
+    Result,
+    code,
+    device_of,
+    device_order,
+    dirty,
+    format_metric,
+    format_ratio,
+    format_value,
+)
 from scripts.stages import list_stages
 
 GROUP = "ladder"
@@ -97,7 +109,20 @@ def build(root: Path, results: list[Result]) -> list[Ladder]:
 
 
 def ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}×" if a and b else ""
+    return format_ratio(a / b) if a and b else ""
+
+
+def step_ups(ladder: Ladder) -> list[tuple[str, str]]:
+    """Each rung's "× the step before" and the key of that step: its value over the last measured
+    engine above it (peers are reference rows and never a step); ("", "") where there is none."""
+    out: list[tuple[str, str]] = []
+    previous: Rung | None = None
+    for rung in ladder.rungs:
+        measured = not rung.is_peer and rung.value is not None
+        out.append((ratio(rung.value, previous.value), previous.key) if measured and previous else ("", ""))
+        if measured:
+            previous = rung
+    return out
 
 
 def render(ladders: list[Ladder], plot_link: str) -> str:
@@ -109,8 +134,7 @@ def render(ladders: list[Ladder], plot_link: str) -> str:
             "| --- | ---: | ---: | ---: | --- | --- |",
         ]
         reference = next((r.result for r in ladder.rungs if r.key == REFERENCE and r.result), None)
-        previous: float | None = None
-        for rung in ladder.rungs:
+        for rung, (step_up, _) in zip(ladder.rungs, step_ups(ladder), strict=True):
             title = f"*{rung.title}* (reference)" if rung.is_peer else rung.title
             if rung.result is None:
                 out.append(f"| {title} | {EMPTY} |  |  |  |  |")
@@ -121,13 +145,13 @@ def render(ladders: list[Ladder], plot_link: str) -> str:
                 ratio(rung.value, reference.metrics.get(METRIC)) if same_call and not rung.is_peer else ""
             )
             settings = ", ".join(f"{k}={format_value(r.config[k])}" for k in SETTINGS if k in r.config)
-            step_up = "" if rung.is_peer else ratio(rung.value, previous)
+            mark = DIRTY_MARK if dirty(r) else ""
             out.append(
-                f"| {title} | {format_metric(rung.value or 0)} | {step_up} | {versus} | {settings} | `{r.name}` |"
+                f"| {title} | {format_metric(rung.value or 0)} | {step_up} | {versus} | {settings} | `{r.name}`{mark} |"
             )
-            if not rung.is_peer:
-                previous = rung.value
         out.append("")
+        if any(r.result and dirty(r.result) for r in ladder.rungs):
+            out += [DIRTY_NOTE, ""]
     out += [
         "Every row serves the same 256 requests (Nano-vLLM's benchmark: input and output lengths "
         "uniform in [100, 1024], temperature 0.6, `ignore_eos`, seed 0) on one GPU, with the "
@@ -137,7 +161,8 @@ def render(ladders: list[Ladder], plot_link: str) -> str:
         "device call as Mini-SGLang's (the same `run_id` in their result files): the lent machines "
         f"differ from call to call. Rows saying *{EMPTY}* have no full-scale result yet; "
         f"{code('make bench-ladder')} (or the `ladder` step of `scripts/gpu_run.sh`) fills them all "
-        "in one call.",
+        "in one call. On the plot's log scale a doubling is a short step, so each bar also says how "
+        "many times the throughput of the last measured stage above it, `(2.00× 04)`, it serves.",
         "",
         f"![The performance ladder: output tokens per second, one panel per GPU]({plot_link})",
         "",

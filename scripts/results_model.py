@@ -114,7 +114,40 @@ def load_results(results_dir: Path) -> list[Result]:
         except json.JSONDecodeError as exc:
             raise ResultError(f"{where}: not valid JSON: {exc}") from exc
         results.append(parse_result(data, where))
-    return sorted(results, key=lambda r: (r.group, r.workload, r.stage, r.name, r.timestamp, r.path))
+    return sorted(
+        results, key=lambda r: (r.group, r.workload, r.stage, natural_key(r.name), r.timestamp, r.path)
+    )
+
+
+def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Numbers in a name compare as numbers: `decode_b8` before `decode_b64` before `decode_b256`."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part)
+
+
+def format_ratio(value: float) -> str:
+    """`2.06×`; a large one without decimals (`115×`), a small one to two significant digits
+    (`0.0019×`, where `0.00×` would read as nothing)."""
+    if math.isnan(value) or math.isinf(value):
+        return "n/a"
+    if abs(value) >= 10:
+        return f"{value:,.0f}×"
+    if abs(value) >= 0.1 or value == 0:
+        return f"{value:.2f}×"
+    return f"{value:.2g}×"
+
+
+DIRTY_MARK = " †"
+DIRTY_NOTE = (
+    "† The checkout that ran this result had tracked files that differed from its commit (its "
+    "`git_commit` ends in `-dirty`), so the code is not provably the commit's. Benchmarks write "
+    "into the repository, and a call that rewrites a committed result file marks the tree dirty for "
+    "its later runs: that is the likely cause, but the file cannot prove it, so the row stays marked."
+)
+
+
+def dirty(result: Result) -> bool:
+    """The run's checkout had tracked files that differed from its commit (`-dirty`)."""
+    return str(result.versions.get("git_commit", "")).endswith("-dirty")
 
 
 def format_metric(value: float) -> str:
@@ -190,9 +223,11 @@ KEY_METRICS: dict[str, tuple[str, ...]] = {
                     "long_ttft_ms_p50", "output_tok_per_s"),
     "online": ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99"),
     "decode-profile": ("step_ms", "gpu_busy_ms_per_step", "cuda_kernels_per_step", "aten_ops_per_step"),
+    "tp-collectives": ("step_ms", "collective_ms_per_step", "collective_share", "all_reduce_per_step",
+                       "all_reduce_us_each"),
 }  # fmt: skip
 DEFAULT_KEY_METRICS = 4
-UNITS = (("_tok_per_s", "tok/s"), ("_ms", "ms"), ("_gb", "GB"), ("_s", "s"))
+UNITS = (("_tok_per_s", "tok/s"), ("_ms", "ms"), ("_us", "µs"), ("_gb", "GB"), ("_s", "s"))
 WORDS = {"itl": "ITL", "ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "p999": "p99.9", "tok": "tokens"}
 
 

@@ -7,9 +7,10 @@ bytes (no timestamps in the PNG)."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
-from scripts.results_ladder import EMPTY, Ladder
+from scripts.results_ladder import EMPTY, Ladder, step_ups
 from scripts.results_model import (
     Result,
     device_of,
@@ -32,7 +33,11 @@ PLOT_METRICS: dict[str, tuple[str, ...]] = {
     "long-prompt": ("short_itl_ms_max", "short_itl_ms_p99", "short_itl_ms_p50", "long_ttft_ms_p50"),
     "online": ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50"),
     "decode-profile": ("step_ms", "gpu_busy_ms_per_step"),
+    "tp-collectives": ("step_ms", "collective_ms_per_step"),
 }
+# Workloads that get a table but no panel: `startup` times `--help`, which says nothing next to a
+# chapter's measurement and took a third of its figure.
+NO_PANEL = frozenset({"startup"})
 COLORS = ("#3f6fb5", "#e07b39", "#5aa469", "#a05195")
 PEER_COLOR = "#8c8c8c"
 LOG_SPAN = 20.0
@@ -52,6 +57,8 @@ def panels(results: list[Result]) -> list[tuple[str, str, list[Result], list[str
     keys = sorted({(device_of(r), r.workload) for r in results}, key=lambda k: (device_order(k[0]), k[1]))
     out = []
     for device, workload in keys:
+        if workload in NO_PANEL:
+            continue
         rows = [r for r in results if device_of(r) == device and r.workload == workload]
         metrics = panel_metrics(workload, rows)
         rows = [r for r in rows if any(_finite(r, m) for m in metrics)]
@@ -99,10 +106,27 @@ def plot_group(group: str, results: list[Result], target: Path) -> None:
     plt.close(fig)
 
 
+def variants(rows: list[Result]) -> list[str] | None:
+    """Each row's variant, when a one-metric panel compares a switch across sizes: the words of its
+    label that are not shared by every row nor hold a number (`decode b64 graphs` -> `graphs`).
+    None unless there are 2 to 4 variants and one repeats."""
+    words = [short_label(r).split() for r in rows]
+    shared = set.intersection(*(set(w) for w in words)) if words else set()
+    names = [" ".join(w for w in ws if w not in shared and not re.search(r"\d", w)) for ws in words]
+    distinct = list(dict.fromkeys(names))
+    if not 2 <= len(distinct) <= len(COLORS) or len(distinct) == len(names) or "" in distinct:
+        return None
+    return names
+
+
 def _bars(ax, rows: list[Result], metrics: list[str]) -> None:
     height = 0.8 / len(metrics) if len(metrics) > 1 else 0.55  # one metric: a bar, not a block
     values = [r.metrics[m] for r in rows for m in metrics if _finite(r, m)]
     log = _use_log(values)
+    kinds = variants(rows) if len(metrics) == 1 else None
+    if kinds is not None:  # one colour per variant (eager, graphs), named in the legend
+        _variant_bars(ax, rows, metrics[0], kinds, height, log, values)
+        return
     for j, metric in enumerate(metrics):
         ys, xs, errs = [], [], [[], []]
         for i, r in enumerate(rows):
@@ -135,6 +159,36 @@ def _bars(ax, rows: list[Result], metrics: list[str]) -> None:
         ax.legend(loc="lower right", fontsize=7, frameon=True)
 
 
+def _variant_bars(ax, rows: list[Result], metric: str, kinds: list[str], height: float, log: bool,
+                  values: list[float]) -> None:  # fmt: skip
+    from matplotlib.patches import Patch
+
+    order = list(dict.fromkeys(kinds))
+    for i, (r, kind) in enumerate(zip(rows, kinds, strict=True)):
+        if not _finite(r, metric):
+            continue
+        value = r.metrics[metric]
+        low, high = spread(r, metric) or (value, value)
+        err = [[value - low], [high - value]] if high > low else None
+        color = COLORS[order.index(kind)]
+        ax.barh(
+            i, value, height=height * 0.9, color=color, xerr=err, error_kw={"elinewidth": 0.8, "capsize": 2}
+        )
+        ax.annotate(format_metric(value), (value, i), xytext=(3, 0), textcoords="offset points", va="center",
+                    fontsize=7)  # fmt: skip
+    ax.set_yticks(range(len(rows)), [short_label(r) for r in rows])
+    ax.invert_yaxis()
+    if log:
+        ax.set_xscale("log")
+        ax.set_xlim(right=max(values) * 8)
+    else:
+        ax.set_xlim(0, max(values) * 1.25)
+    ax.set_xlabel(metric_label(metric) + (", log scale" if log else ""))
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(handles=[Patch(color=COLORS[k], label=name) for k, name in enumerate(order)], loc="lower right",
+              fontsize=7, frameon=True)  # fmt: skip
+
+
 def plot_ladder(ladders: list[Ladder], target: Path) -> None:
     plt = _pyplot()
     rows_n = max(len(ladder.rungs) for ladder in ladders)
@@ -145,10 +199,14 @@ def plot_ladder(ladders: list[Ladder], target: Path) -> None:
         values = [r.value for r in ladder.rungs if r.value]
         log = _use_log(values)
         top = max(values) if values else 1.0
-        for i, rung in enumerate(ladder.rungs):
+        # On a log axis a doubling is a short step: each bar says how much it adds to the one above.
+        for i, (rung, (step_up, below)) in enumerate(zip(ladder.rungs, step_ups(ladder), strict=True)):
             if rung.value:
                 ax.barh(i, rung.value, color=PEER_COLOR if rung.is_peer else COLORS[0], height=0.7)
-                ax.annotate(format_metric(rung.value), (rung.value, i), xytext=(3, 0), textcoords="offset points",
+                text = format_metric(rung.value) + (
+                    f"  ({step_up} {below.removeprefix('stage')})" if step_up else ""
+                )
+                ax.annotate(text, (rung.value, i), xytext=(3, 0), textcoords="offset points",
                             va="center", fontsize=8)  # fmt: skip
             else:
                 ax.annotate(EMPTY, (0.01, i), xycoords=("axes fraction", "data"), va="center", fontsize=8,

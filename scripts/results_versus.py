@@ -14,7 +14,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scripts.results_model import HEADER, Result, code, device_of, device_order, format_metric, format_value
+from scripts.results_model import (
+    DIRTY_MARK,
+    DIRTY_NOTE,
+    HEADER,
+    Result,
+    code,
+    device_of,
+    device_order,
+    dirty,
+    format_metric,
+    format_ratio,
+    format_value,
+)
 
 FINAL, PEER = "final", "mini-sglang"
 EMPTY = "next GPU run"
@@ -132,6 +144,7 @@ def devices(results: list[Result]) -> list[str]:
 
 def render(results: list[Result]) -> str:
     out = [HEADER, ""]
+    marked = False
     for device in devices(results):
         out += [f"### {device}", ""]
         out += [
@@ -150,10 +163,12 @@ def render(results: list[Result]) -> str:
             ratio = speedup(measure, a, b)
             met = measure.met(device, a, ratio)
             settings = ", ".join(f"{k}={format_value(ours.config[k])}" for k in SETTINGS if k in ours.config)
+            marks = [DIRTY_MARK if dirty(r) else "" for r in (ours, theirs)]
+            marked = marked or any(marks)
             out.append(
-                f"| {measure.title} | {format_metric(a)} | {format_metric(b)} | {ratio:.2f}× | "
-                f"{goal}{': ' + met if met else ''} | `{ours.name}`{f' ({settings})' if settings else ''}, "
-                f"`{theirs.name}` |"
+                f"| {measure.title} | {format_metric(a)} | {format_metric(b)} | {format_ratio(ratio)} | "
+                f"{goal}{': ' + met if met else ''} | `{ours.name}`{marks[0]}{f' ({settings})' if settings else ''}, "
+                f"`{theirs.name}`{marks[1]} |"
             )
         out.append("")
     out += [
@@ -163,5 +178,6 @@ def render(results: list[Result]) -> str:
         "whether it is met. Runs with CUDA graphs or overlap switched off are ablations and never "
         f"pair. The offline row comes from {code('make bench-ladder')} (scripts/bench_peer.py runs "
         f"Mini-SGLang); a row saying *{EMPTY}* has no such pair yet.",
+        *(["", DIRTY_NOTE] if marked else []),
     ]
     return "\n".join(out) + "\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import filecmp
+import json
 import os
 import subprocess
 import sys
@@ -119,3 +120,75 @@ def test_stage_names_and_bad_requests():
     with pytest.raises(exercise.ExerciseError, match="no region"):
         exercise.select(regions, ["nope"])
     assert exercise.slugify("Pages and the page table") == "pages-and-the-page-table"
+
+
+@pytest.mark.parametrize("stage", sorted(p.name for p in (ROOT / "stages").iterdir() if p.name[:2].isdigit()))
+def test_every_stub_points_to_the_section_that_explains_it(stage):
+    """Not to "The code", where every include sits: to a section of the chapter that exists."""
+    chapter, regions = exercise.chapter_regions(ROOT / "stages" / stage)
+    lines = chapter.read_text(encoding="utf-8").splitlines()
+    headings = {exercise.slugify(m["title"]) for line in lines if (m := exercise.HEADING.match(line))}
+    for region in regions:
+        assert region.anchor != "the-code" and region.anchor in headings, (region.name, region.anchor)
+    if stage == "05_cuda_graph":
+        found = {r.name: r.section for r in regions}
+        assert found["sizes"] == "Padding, and which sizes" and found["graph_memory"].startswith(
+            "Capture before"
+        )
+
+
+def test_the_gpu_only_and_untested_marks_are_what_the_cpu_tests_reach(tmp_path):
+    """Stage 05's CPU tests, traced: the stubs they never call are exactly those marked GPU only or
+    no test, and the six GPU-only ones are CudaGraph's and FlashInferBackend's."""
+    stage = ROOT / "stages" / "05_cuda_graph"
+    stubs = exercise.make_exercise(stage, tmp_path)
+    trace = tmp_path / "trace.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CALL_TRACE_ROOT": str(stage.resolve()),
+        "CALL_TRACE_OUT": str(trace),
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.fixtures.call_trace", "-p", "no:cacheprovider",
+         "-m", "not gpu and not multi_gpu", *exercise.stage_tests(stage)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:]
+    called = {(Path(f).resolve(), line) for f, line in json.loads(trace.read_text())}
+    defs = {}
+    for stub in stubs:
+        fn = dict(exercise.functions(ast.parse((stage / stub.region.file).read_text())))[stub.function]
+        defs[stub.function] = (stage / stub.region.file).resolve(), fn.lineno
+    unreached = {s.function for s in stubs if defs[s.function] not in called}
+    assert unreached == {s.function for s in stubs if s.checked_by != "cpu"}
+    gpu = {s.function for s in stubs if s.checked_by == "gpu"}
+    assert gpu == {f"{c}.{m}" for c in ("CudaGraph",) for m in ("__init__", "capture", "replay")} | {
+        f"FlashInferBackend.{m}"
+        for m in ("graph_unsupported_reason", "prepare_for_capture", "prepare_for_replay")
+    }
+    stubbed = (tmp_path / "05_cuda_graph" / "graph.py").read_text()
+    assert "exercise: cuda_graph (only a GPU test checks it), see docs/chapters/05_cuda_graph.md#" in stubbed
+
+
+def test_the_check_runs_the_conformance_suite_against_the_copy(tmp_path):
+    script = [sys.executable, str(ROOT / "scripts" / "exercise.py"), "03", "--out", str(tmp_path)]
+    made = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0 and "tests/test_conformance.py -k 03_radix_cache" in made.stdout, made.stdout
+    # -k selects no test of the stage's own files, and the conformance suite's greedy tests of 03.
+    check = [*script, "--check", "-k", "test_greedy_tokens_match_hf", "-p", "no:cacheprovider"]
+    red = subprocess.run(check, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert red.returncode == 1 and "NotImplementedError: exercise: " in red.stdout, red.stdout[-3000:]
+    assert "stages.03_radix_cache" in red.stdout and "stages.04_chunked_prefill" not in red.stdout
+    subprocess.run([*script, "--solution"], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    green = subprocess.run(check, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert green.returncode == 0, green.stdout[-3000:]
+
+
+def test_the_readers_keyword_narrows_the_conformance_selection():
+    assert exercise.with_keyword([], "03_radix_cache") == ["-k", "03_radix_cache"]
+    assert exercise.with_keyword(["-x", "-k", "drawn"], "03_radix_cache") == [
+        "-x",
+        "-k",
+        "(03_radix_cache) and (drawn)",
+    ]

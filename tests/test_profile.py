@@ -385,10 +385,45 @@ def test_a_profile_without_kernels_renders_as_before():
     text = render_profile.render_fragment({"h200/p": profile}, "final")
     assert "Where the GPU time" not in text and "??? note" not in text
     assert "\n\n- CUDA graphs and overlap off: step 0.10 ms" in text
-    assert (
-        "- as served, CUDA graphs and overlap on: step 0.10 ms; GPU busy 0.05 ms (50%); 3 launches, 3 kernels.\n\nMeasured"
-        in text
+    served = next(line for line in text.splitlines() if line.startswith("- as served"))
+    assert served.startswith(
+        "- as served, CUDA graphs and overlap on: step 0.10 ms; GPU busy 0.05 ms (50%); 3 launches, 3 kernels. GPU idle"
     )
+    assert text.index(served) < text.index("Measured")
+
+
+def test_idle_is_split_into_before_the_first_kernel_and_between_kernels():
+    """Chapter 06 read the overlapped run's idle time as the GPU waiting for the host between
+    steps; most of it was before the first kernel and the rest sub-20 µs gaps. The breakdown says
+    which: overlapping kernels merge, a gap over 20 µs counts as a wait for the host."""
+    mode = {
+        "step_ms": 1.2, "gpu_busy_ms": 0.0,  # not read by the breakdown
+        # starts (µs from the window's start) and durations: two overlapping kernels, a 15 µs gap,
+        # a 65 µs gap
+        "gpu": [[1005.0, 10.0], [1000.0, 10.0], [1030.0, 5.0], [1100.0, 5.0]],
+    }  # fmt: skip
+    idle = render_profile.idle_breakdown(mode)
+    assert idle["idle_before_first_ms"] == pytest.approx(1.0)
+    assert idle["idle_between_ms"] == pytest.approx(0.080)  # 15 + 65 µs
+    assert (idle["gaps"], idle["long_gaps"]) == (2, 1)
+    assert idle["long_gap_ms"] == pytest.approx(0.065) and idle["max_gap_us"] == pytest.approx(65.0)
+    assert idle["first_to_last_ms"] == pytest.approx(0.105)
+    text = render_profile.idle_text(mode, steps=1)
+    assert text.startswith(
+        "GPU idle 1.00 ms before its first kernel and 0.08 ms between kernels, in 2 gaps: 1 longer"
+    )
+    assert render_profile.idle_breakdown({"gpu": []}) == {}  # a CPU trace has no GPU lane
+
+
+def test_the_idle_breakdown_adds_up_to_the_profiles_idle_time():
+    """On every committed GPU profile: before the first kernel + between kernels = gpu_idle_ms
+    (which profile_decode_step.py computes from unrounded times: the JSON keeps 0.1 µs)."""
+    for name, profile in render_profile.load_profiles(ROOT).items():
+        for key, mode in profile["modes"].items():
+            idle = render_profile.idle_breakdown(mode)
+            if idle:
+                total = idle["idle_before_first_ms"] + idle["idle_between_ms"]
+                assert total == pytest.approx(mode["gpu_idle_ms"], abs=0.05), (name, key)  # 0.1 µs rounding
 
 
 def test_a_run_of_steps_is_done_when_the_gpu_is():

@@ -376,3 +376,10 @@ def test_formatting_helpers() -> None:
 def test_committed_result_pages_are_up_to_date() -> None:
     stale = rr.stale_files(ROOT)
     assert not stale, f"out of date: {', '.join(map(str, stale))}; run make docs-gen"
+
+
+def test_the_committed_sketches_are_up_to_date() -> None:
+    """Chapter 05's launches and chapter 07's two ranks are drawn by scripts/draw_sketches.py."""
+    from scripts import draw_sketches
+
+    assert draw_sketches.main(["--check"]) == 0, "run python scripts/draw_sketches.py"

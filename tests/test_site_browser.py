@@ -5,10 +5,14 @@ here) is served on loopback, and every page is opened in headless Chromium from 
 (driven by Playwright, which downloads no browser of its own). On every page: no console error,
 no uncaught exception, no failed or 4xx request, no request that leaves loopback (each is
 blocked and reported: the book must read offline), every image loaded, every internal link
-pointing at a file of the site. Then the things that break first offline: formulas typeset by
-the shipped MathJax, diagrams drawn by the shipped Mermaid, search finding "radix" (over HTTP and
-from file://, as the README's "open build/site/index.html" does). Screenshots of the home page, a
-chapter and the results page go to build/screenshots/ for a person to look at.
+pointing at a file of the site; no text that shows the build machine (a path under /root/,
+/home/, /work/ or a site-packages folder), no formula left as raw TeX, no diagram left as Mermaid
+source, no image wider than its column, and every plot and profile figure as wide as its column
+(scaled down to half, its labels are unreadable). Then the things that break first offline:
+formulas typeset by the shipped MathJax, diagrams drawn by the shipped Mermaid, search finding
+"radix" (over HTTP and from file://, as the README's "open build/site/index.html" does).
+Screenshots of the home page, chapters 04 to 07, the Performance page and the results page go to
+build/screenshots/ for a person to look at.
 
 Needs Chromium (`make browser` installs it with apt-get); skips, saying so, where there is none.
 """
@@ -141,6 +145,56 @@ def open_page(page, url: str) -> None:
     page.wait_for_load_state("networkidle")
 
 
+MACHINE_PATHS = ("/root/", "/home/", "/work/", "site-packages")
+
+
+def wait_for_typesetting(page) -> None:
+    """MathJax and Mermaid draw after the load: wait for both, where the page has any."""
+    page.evaluate("() => window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
+    page.wait_for_function("document.querySelectorAll('pre.mermaid').length === 0", timeout=20_000)
+
+
+def reader_problems(page, name: str) -> list[str]:
+    """What a reader would see that the book must not show, on the page now open."""
+    problems = []
+    text = page.inner_text("body")
+    for path in MACHINE_PATHS:
+        if path in text:
+            at = text.index(path)
+            problems.append(
+                f"{name}: shows a path of the build machine: ...{text[max(0, at - 60) : at + 60]!r}..."
+            )
+    raw_tex = page.eval_on_selector_all(
+        ".arithmatex",
+        "els => els.filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 60))",
+    )
+    problems += [f"{name}: a formula left as raw TeX: {tex!r}" for tex in raw_tex]
+    raw_mermaid = page.eval_on_selector_all(
+        "pre.mermaid, div.mermaid",
+        # Material draws into a closed shadow root: a drawn diagram shows no text of its own, while
+        # one left as source is a <pre> still, or a <div> whose text is the source.
+        "els => els.filter(e => e.tagName === 'PRE' || (e.innerText.trim() !== '' && !e.querySelector('svg')))"
+        ".map(e => e.textContent.slice(0, 60))",
+    )
+    problems += [f"{name}: a diagram left as Mermaid source: {src!r}" for src in raw_mermaid]
+    images = page.eval_on_selector_all(
+        "article img",
+        """els => els.map(e => {
+            const column = e.closest('article').getBoundingClientRect();
+            const box = e.getBoundingClientRect();
+            return [e.getAttribute('src'), box.left, box.right, box.width, e.naturalWidth, column.left, column.right];
+        })""",
+    )
+    for src, left, right, width, natural, col_left, col_right in images:
+        if width and (right > col_right + 1 or left < col_left - 1):
+            problems.append(f"{name}: image {src} ({width:.0f} px) is wider than its column, clipped")
+        figure = "assets/plots/" in src or "assets/profiles/" in src
+        column = col_right - col_left
+        if figure and width < 0.95 * min(column, natural):
+            problems.append(f"{name}: figure {src} shown {width:.0f} px wide in a {column:.0f} px column")
+    return problems
+
+
 def test_every_page_loads_clean_offline(browser, base_url: str, site_dir: Path) -> None:
     context = browser.new_context()
     watch = PageWatch(context, base_url)
@@ -153,6 +207,8 @@ def test_every_page_loads_clean_offline(browser, base_url: str, site_dir: Path) 
     for name in pages:
         before = len(watch.problems)
         open_page(page, base_url + name)
+        wait_for_typesetting(page)
+        broken += reader_problems(page, name)
         images = page.eval_on_selector_all(
             "img", "els => els.map(e => [e.getAttribute('src'), e.complete && e.naturalWidth > 0])"
         )
@@ -220,14 +276,67 @@ def test_search_finds_radix_served_and_from_disk(browser, base_url: str, site_di
     context.close()
 
 
+def test_the_checks_see_a_machine_path_raw_tex_and_a_clipped_image(browser, tmp_path: Path) -> None:
+    """The page checks above, on a page made to fail each of them."""
+    (tmp_path / "wide.svg").write_text(
+        '<svg xmlns="http://www.w3.org/2000/svg" width="3000" height="40"><rect width="3000" height="40"/></svg>'
+    )
+    (tmp_path / "bad.html").write_text(
+        "<html><body><article style='width: 600px; overflow: hidden'>"
+        "<p>Traceback: /work/wt/book/.venv/lib/python3.11/site-packages/tqdm/auto.py:21</p>"
+        "<span class='arithmatex'>\\(x^2\\)</span>"
+        "<pre class='mermaid'>flowchart TB a --> b</pre><div class='mermaid'>flowchart TB</div>"
+        "<img src='wide.svg' style='max-width: none'>"
+        "<img src='assets/plots/p.png' style='width: 100px'>"
+        "</article></body></html>"
+    )
+    (tmp_path / "assets" / "plots").mkdir(parents=True)
+    (tmp_path / "assets" / "plots" / "p.png").write_bytes(_png(800))
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto((tmp_path / "bad.html").as_uri(), wait_until="load")
+    found = "\n".join(reader_problems(page, "bad.html"))
+    context.close()
+    for expected in ("path of the build machine", "raw TeX", "Mermaid source", "wider than its column",
+                     "shown 100 px wide"):  # fmt: skip
+        assert expected in found, found
+
+
+def _png(width: int) -> bytes:
+    """A plain PNG `width` pixels wide, 10 high."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    raw = b"".join(b"\x00" + b"\xff\xff\xff" * width for _ in range(10))
+    header = struct.pack(">IIBBBBB", width, 10, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
+
+
+SHOTS = (("home", "index.html"), ("chapter04", "chapters/04_chunked_prefill.html"),
+         ("chapter05", "chapters/05_cuda_graph.html"), ("chapter06", "chapters/06_overlap.html"),
+         ("chapter07", "chapters/07_tensor_parallel.html"), ("performance", "serving/performance.html"),
+         ("results", "results.html"))  # fmt: skip
+
+
 def test_screenshots_for_a_person_to_look_at(browser, base_url: str) -> None:
+    """The top of each page, and for the chapters and the Performance page the whole page too
+    (`<name>_full.png`): the figures, tables and numbers as a reader meets them."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
-    for name, path in (("home", "index.html"), ("chapter04", "chapters/04_chunked_prefill.html"),
-                       ("results", "results.html")):  # fmt: skip
+    for name, path in SHOTS:
         open_page(page, base_url + path)
-        page.wait_for_timeout(500)  # MathJax and Mermaid draw after load
+        wait_for_typesetting(page)
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)
         assert (SCREENSHOTS / f"{name}.png").stat().st_size > 10_000
+        if name.startswith(("chapter0", "performance")):
+            page.screenshot(path=str(SCREENSHOTS / f"{name}_full.png"), full_page=True)
     context.close()

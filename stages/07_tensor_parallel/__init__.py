@@ -10,7 +10,9 @@ checkpoint. Rank 0 schedules, sends every step's batch to the other ranks, sampl
 broadcasts the tokens, so every rank runs the same batch in the same order and holds the same
 tokens. The engine starts its ranks itself (NCCL between GPUs, gloo on the CPU), watches them,
 and a rank that dies or hangs ends it with a message naming that rank. CUDA graphs (the
-all-reduces inside them) and overlap scheduling work as before.
+all-reduces captured inside them) and overlap scheduling stay on; on the CPU the tests check TP
+against TP=1 with overlap on and off, and the GPU tests (NCCL, graphs) have not run on a
+multi-GPU host yet.
 
 Changed from stage 06: distributed.py (new: the sharding arithmetic, the process groups, the step
 message), layers.py (new: column- and row-parallel linears, vocabulary-parallel embedding and LM
