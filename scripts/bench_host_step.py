@@ -181,14 +181,15 @@ class StandInFlashInfer(FlashInferBackend):
         self.flashinfer = SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=wrapper)
         self.workspace = torch.empty(0, dtype=torch.uint8)
         self.prefill_wrapper = wrapper()
-        self.use_tensor_cores = True
+        self.group = 4  # tensor cores, whatever the batch
         self.decode_wrapper = self.current = wrapper()
+        self.decode_wrappers = {True: self.decode_wrapper}
         self.last_plan = None
         self.graph_wrappers = {}
         self.graph_buffers = None
 
-    def _plan(self, wrapper, batch) -> None:  # noqa: ANN001
-        self._plan_now(wrapper, batch)  # no CUDA event to wait on or record
+    def _plan(self, wrapper, batch, graphed: bool = False) -> None:  # noqa: ANN001
+        self._plan_now(wrapper, batch, graphed)  # no CUDA event to wait on or record
 
 
 # ------------------------------------------------------------------ the run

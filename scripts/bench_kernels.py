@@ -1,5 +1,8 @@
 """Check and time final/kernels on a CUDA GPU against the torch code they replace, at Qwen3-0.6B's
-shapes: the K/V write, the fused q/k norm + RoPE + K/V write, sampling, and the small-M GEMV.
+shapes: the K/V write, the fused q/k norm + RoPE + K/V write, sampling, the small-M GEMV, and a
+decode step's metadata (inputs, positions and slots; the attention plan's page list). It also
+times FlashInfer's decode attention with and without tensor cores at several batches and
+contexts, the measurement `use_tensor_cores` in final/attention/flashinfer_backend.py follows.
 
 Every kernel is first checked against its reference on fresh random inputs (pools poisoned with
 NaN, page sizes 1, 16 and 64, CUDA-graph padding rows), then both are timed: `graph_us` is the
@@ -35,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from final.core.sampling_params import SamplingParams  # noqa: E402
 from final.engine.sampler import Sampler  # noqa: E402
-from final.kernels import gemv, kv_write, qk_norm_rope_kv  # noqa: E402
+from final.kernels import gemv, kv_write, qk_norm_rope_kv, step_metadata  # noqa: E402
 from final.kernels import sampling as sampling_kernels  # noqa: E402
 from final.models import fused  # noqa: E402
 from stages.common.bench import stamp_run_id  # noqa: E402
@@ -242,6 +245,94 @@ def bench_sampling(report: Report, s: Setup) -> None:
             report.time("sampling", f"b{batch}_t{temperature}", ours, reference)
 
 
+def bench_step_metadata(report: Report, s: Setup) -> None:
+    """A decode step's inputs and the attention plan's page list: one kernel each against the torch
+    ops they replace, on random page tables with padding rows."""
+    for batch in s.batches:
+        for page_size in (1, 16):
+            width, padding = 4096 // page_size, min(3, batch - 1)
+            rows_total = max(batch, 4) + 1
+            table = (
+                torch.randperm(rows_total * width, device=s.device).view(rows_total, width).to(torch.int32)
+            )
+            table[-1] = -5  # the padding row
+            tokens = torch.randint(0, s.vocab, (rows_total,), device=s.device, dtype=torch.int32)
+            live = torch.randperm(rows_total - 1, device=s.device)[: batch - padding].to(torch.int32)
+            rows = torch.cat(
+                [live, torch.full((padding,), rows_total - 1, device=s.device, dtype=torch.int32)]
+            )
+            lens = torch.randint(1, 1025, (batch - padding,), device=s.device, dtype=torch.int32)
+            seq_lens = torch.cat([lens, torch.ones(padding, device=s.device, dtype=torch.int32)])
+            got = [torch.full((batch,), -7, device=s.device, dtype=torch.int32) for _ in range(3)]
+            want = [torch.empty(batch, device=s.device, dtype=torch.int32) for _ in range(3)]
+            args = (tokens, table, rows, seq_lens, page_size)
+            step_metadata.decode_inputs(*args, *got)
+            step_metadata.torch_decode_inputs(*args, *want)
+            ok = all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+            report.check(f"decode_inputs B={batch} page={page_size}", ok)
+            report.time(
+                "decode_inputs",
+                f"b{batch}_p{page_size}",
+                timed(lambda: step_metadata.decode_inputs(*args, *got)),  # noqa: B023
+                timed(lambda: step_metadata.torch_decode_inputs(*args, *want)),  # noqa: B023
+            )
+            counts = (seq_lens + page_size - 1) // page_size
+            total, most = int(counts.sum()), int(counts.max())
+            reference = step_metadata.torch_kv_indices(table, rows, seq_lens, page_size, total)
+            ours = step_metadata.kv_indices(table, rows, seq_lens, page_size, total, most)
+            report.check(f"kv_indices B={batch} page={page_size}", torch.equal(ours, reference))
+            report.time(
+                "kv_indices",
+                f"b{batch}_p{page_size}",
+                timed(lambda: step_metadata.kv_indices(table, rows, seq_lens, page_size, total, most)),  # noqa: B023
+                timed(lambda: step_metadata.torch_kv_indices(table, rows, seq_lens, page_size, total)),  # noqa: B023
+            )
+
+
+def bench_decode_attention(report: Report, s: Setup) -> None:
+    """FlashInfer's paged decode with tensor cores (ours) against without (the reference), per
+    layer-call, page size 16: the measurement the backend's `use_tensor_cores` rule follows."""
+    import flashinfer
+
+    page_size, workspace = 16, torch.empty(128 << 20, dtype=torch.uint8, device=s.device)
+    for batch in s.batches:
+        for context in (512, 1024, 4096):
+            pages_each = -(-context // page_size)
+            k_cache = torch.randn(batch * pages_each + 1, page_size, s.kv_heads, s.dim, device=s.device).to(
+                s.act
+            )
+            v_cache = torch.randn_like(k_cache)
+            indptr = torch.arange(batch + 1, dtype=torch.int32, device=s.device) * pages_each
+            indices = torch.randperm(batch * pages_each, device=s.device).to(torch.int32)
+            last = torch.full(
+                (batch,), context - (pages_each - 1) * page_size, dtype=torch.int32, device=s.device
+            )
+            q = torch.randn(batch, s.heads, s.dim, device=s.device).to(s.act)
+            outs, times = [], []
+            for tensor_cores in (True, False):
+                wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                    workspace, "NHD", use_tensor_cores=tensor_cores
+                )
+                wrapper.plan(
+                    indptr,
+                    indices,
+                    last,
+                    s.heads,
+                    s.kv_heads,
+                    s.dim,
+                    page_size,
+                    q_data_type=s.act,
+                    kv_data_type=s.act,
+                )
+                outs.append(wrapper.run(q, (k_cache, v_cache)).float())
+                times.append(timed(lambda w=wrapper: w.run(q, (k_cache, v_cache)), graph=False))  # noqa: B023
+            err = ((outs[0] - outs[1]).norm() / outs[1].norm()).item()
+            report.check(
+                f"decode attention tensor cores B={batch} ctx={context}", err < 1e-2, f"rel error {err:.2e}"
+            )
+            report.time("decode_attn_tc", f"b{batch}_ctx{context}", times[0], times[1])
+
+
 def bench_gemv(report: Report, s: Setup) -> dict:
     wins: dict[str, list[int]] = {name: [] for name in s.gemv_shapes}
     for name, (n, k) in s.gemv_shapes.items():
@@ -294,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     bench_kv_write(report, setup)
     bench_fused(report, setup)
     bench_sampling(report, setup)
+    bench_step_metadata(report, setup)
+    if not args.smoke:  # FlashInfer: GPU only
+        bench_decode_attention(report, setup)
     advice = bench_gemv(report, setup)
     failed = [c["name"] for c in report.checks if not c["ok"]]
     print(f"\n{len(report.checks) - len(failed)}/{len(report.checks)} checks passed; GEMV: {advice}")

@@ -24,7 +24,7 @@ import torch
 
 triton = pytest.importorskip("triton", reason="needs Triton (pip install triton; Linux only)")
 
-from final.kernels import gemv, kv_write, qk_norm_rope_kv  # noqa: E402
+from final.kernels import gemv, kv_write, qk_norm_rope_kv, step_metadata  # noqa: E402
 from final.models import fused  # noqa: E402
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -166,13 +166,68 @@ def test_gemv_matches_f_linear(m, n, k, bias, config):
     torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
 
 
+def random_step_tables(batch: int, page_size: int, padding_rows: int, seed: int):
+    """A page table of distinct random pages (its last row the padding row, every entry the padding
+    page), a token table, and a decode step: `batch` live rows with random lengths, then
+    `padding_rows` rows on the padding row with length 1 (a CUDA graph's padding)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows_total, width = 12, 9
+    pages = torch.randperm(rows_total * width, generator=gen)[: (rows_total - 1) * width].to(torch.int32)
+    table = torch.cat([pages.view(rows_total - 1, width), torch.full((1, width), 999, dtype=torch.int32)])
+    tokens = torch.randint(0, 50_000, (rows_total,), generator=gen, dtype=torch.int32)
+    live = torch.randperm(rows_total - 1, generator=gen)[:batch].to(torch.int32)
+    rows = torch.cat([live, torch.full((padding_rows,), rows_total - 1, dtype=torch.int32)])
+    lens = torch.randint(1, width * page_size + 1, (batch,), generator=gen, dtype=torch.int32)
+    seq_lens = torch.cat([lens, torch.ones(padding_rows, dtype=torch.int32)])
+    return table, tokens, rows, seq_lens
+
+
+@interpreted
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize(("batch", "padding_rows"), [(1, 0), (5, 3), (11, 0)])
+def test_step_metadata_kernels_match_their_references(page_size, batch, padding_rows):
+    table, tokens, rows, seq_lens = random_step_tables(batch, page_size, padding_rows, seed=batch * page_size)
+    size = rows.shape[0]
+    got = [torch.full((size,), -7, dtype=torch.int32) for _ in range(3)]  # poisoned: every row written
+    want = [torch.empty(size, dtype=torch.int32) for _ in range(3)]
+    step_metadata._jit()[0][(-(-size // step_metadata.DECODE_BLOCK),)](
+        tokens, table, rows, seq_lens, *got, table.stride(0), size,
+        PAGE_SIZE=page_size, BLOCK=step_metadata.DECODE_BLOCK,
+    )  # fmt: skip
+    step_metadata.torch_decode_inputs(tokens, table, rows, seq_lens, page_size, *want)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    total = int(((seq_lens + page_size - 1) // page_size).sum())
+    out = torch.full((total + 4,), -7, dtype=torch.int32)  # room past the end: must stay untouched
+    max_pages = int(((seq_lens + page_size - 1) // page_size).max())
+    step_metadata._jit()[1][(size, -(-max_pages // 4))](
+        table, rows, seq_lens, out, table.stride(0), size,
+        PAGE_SIZE=page_size, BLOCK_ROWS=16, BLOCK_PAGES=4,  # several page blocks per row
+    )  # fmt: skip
+    assert torch.equal(out[:total], step_metadata.torch_kv_indices(table, rows, seq_lens, page_size, total))
+    assert torch.equal(out[total:], torch.full((4,), -7, dtype=torch.int32))
+
+
+def test_step_metadata_references_agree_with_a_loop():
+    """The references themselves, against the definition written as a Python loop."""
+    table, tokens, rows, seq_lens = random_step_tables(7, 16, 2, seed=3)
+    ids, positions, slots = (torch.empty(9, dtype=torch.int32) for _ in range(3))
+    step_metadata.torch_decode_inputs(tokens, table, rows, seq_lens, 16, ids, positions, slots)
+    pages: list[int] = []
+    for i, (row, length) in enumerate(zip(rows.tolist(), seq_lens.tolist(), strict=True)):
+        assert (ids[i], positions[i]) == (tokens[row], length - 1)
+        assert slots[i] == table[row, (length - 1) // 16] * 16 + (length - 1) % 16
+        pages += table[row, : -(-length // 16)].tolist()
+    assert step_metadata.torch_kv_indices(table, rows, seq_lens, 16, len(pages)).tolist() == pages
+
+
 def test_dispatch_keeps_the_cpu_on_the_references(monkeypatch):
     """On the CPU every dispatch takes the torch path (Triton serves only CUDA half precision)."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("a Triton kernel was launched for CPU tensors")
 
-    for module, name in ((kv_write, "triton_store_kv"), (qk_norm_rope_kv, "triton_qk_norm_rope_kv"), (gemv, "triton_linear")):  # fmt: skip
+    for module, name in ((kv_write, "triton_store_kv"), (qk_norm_rope_kv, "triton_qk_norm_rope_kv"), (gemv, "triton_linear"), (step_metadata, "_jit")):  # fmt: skip
         monkeypatch.setattr(module, name, refuse)
     x = torch.randn(2, 8).half()
     assert torch.equal(gemv.linear(x, x), torch.nn.functional.linear(x, x))
@@ -216,7 +271,7 @@ def test_bench_kernels_smoke_run_checks_everything_and_writes_a_valid_result(tmp
     parse_result(data, out.name)
     assert data["checks"] and all(check["ok"] for check in data["checks"])
     kernels = {row["kernel"] for row in data["rows"]}
-    assert kernels == {"kv_write", "fused_norm_rope_kv", "sampling", "gemv"}
+    assert kernels == {"kv_write", "fused_norm_rope_kv", "sampling", "gemv", "decode_inputs", "kv_indices"}
 
 
 @compiled
@@ -245,6 +300,22 @@ def test_kernels_compile_for_hopper():
              "NORM": norm, "FP8": cache == "fp8e4nv"},
         )
         for heads, norm, cache in ((1, True, "bf16"), (4, False, "fp8e4nv"))
+    ]  # fmt: skip
+    decode_inputs, kv_indices = step_metadata._jit()
+    kernels += [
+        compile_for_hopper(
+            decode_inputs,
+            {"token_table": "*i32", "page_table": "*i32", "rows": "*i32", "seq_lens": "*i32", "input_ids": "*i32",
+             "positions": "*i32", "out_slots": "*i32", "table_stride": "i32", "size": "i32", "PAGE_SIZE": const,
+             "BLOCK": const},
+            {"PAGE_SIZE": 16, "BLOCK": step_metadata.DECODE_BLOCK},
+        ),
+        compile_for_hopper(
+            kv_indices,
+            {"page_table": "*i32", "rows": "*i32", "seq_lens": "*i32", "out": "*i32", "table_stride": "i32",
+             "size": "i32", "PAGE_SIZE": const, "BLOCK_ROWS": const, "BLOCK_PAGES": const},
+            {"PAGE_SIZE": 1, "BLOCK_ROWS": step_metadata.KV_ROWS_BLOCK, "BLOCK_PAGES": step_metadata.PAGES_BLOCK},
+        ),
     ]  # fmt: skip
     kernels += [
         compile_for_hopper(

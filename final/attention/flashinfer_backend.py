@@ -18,9 +18,14 @@ import torch
 
 from ..core.errors import UserError
 from ..core.forward_batch import ForwardBatch
+from ..kernels import step_metadata
 from .base import AttentionBackend
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
+# Decode batches of at least this many rows take FlashInfer's tensor-core decode even when few query
+# heads share a KV head (Qwen3-0.6B: 2); None: never. Set from scripts/bench_kernels.py's
+# `decode_attn_tc` rows: the issue measured 2-7% at batch 256 on an H200 (contexts 1k-4k).
+TENSOR_CORE_MIN_BATCH: int | None = None
 
 
 class FlashInferBackend(AttentionBackend):
@@ -40,30 +45,26 @@ class FlashInferBackend(AttentionBackend):
         self.flashinfer = flashinfer
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
-        # Tensor cores pay off once several query heads share a KV head (4 or more). Groups that
-        # are not a power of two (SmolLM2: 3) take them too: the path the GPU tests ran for that
-        # layout (on an H200 the CUDA-core kernel measured as close to torch there).
-        group = self.num_heads // pool.kv_heads
-        self.use_tensor_cores = group >= 4 or group & (group - 1) != 0
-        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores
-        )
+        self.group = self.num_heads // pool.kv_heads
+        # One eager decode wrapper per kernel kind (tensor cores or not), made when first needed.
+        self.decode_wrappers: dict[bool, object] = {}
+        self.decode_wrapper = self._decode_wrapper(1)
         self.current = self.decode_wrapper  # the decode wrapper the next forward uses
         self.last_plan: torch.cuda.Event | None = None
         self.graph_wrappers: dict[int, object] = {}
         self.graph_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def _plan(self, wrapper, batch: ForwardBatch) -> None:
+    def _plan(self, wrapper, batch: ForwardBatch, graphed: bool = False) -> None:
         # plan() writes its metadata into a pinned host buffer of the wrapper and copies it to the
         # device asynchronously. With overlap scheduling the host plans step N+1 while step N may
         # not have run that copy yet: wait for it first (it is almost always done already).
         if self.last_plan is not None:
             self.last_plan.synchronize()
-        self._plan_now(wrapper, batch)
+        self._plan_now(wrapper, batch, graphed)
         self.last_plan = torch.cuda.Event()
         self.last_plan.record()
 
-    def _plan_now(self, wrapper, batch: ForwardBatch) -> None:
+    def _plan_now(self, wrapper, batch: ForwardBatch, graphed: bool) -> None:
         page_size = self.pool.page_size
         num_pages_list = [-(-n // page_size) for n in batch.seq_lens]
         kv_indptr_list = [0, *accumulate(num_pages_list)]
@@ -72,11 +73,18 @@ class FlashInferBackend(AttentionBackend):
             [n - (p - 1) * page_size for n, p in zip(batch.seq_lens, num_pages_list, strict=True)],
             dtype=torch.int32,
         )
-        # The page list of every request, gathered on the device from the page table.
-        seq_lens = batch.seq_lens_t
-        num_pages = (seq_lens + page_size - 1) // page_size
-        indptr = torch.cumsum(num_pages, 0) - num_pages
-        kv_indices = self.page_table.pages_of(batch.rows, num_pages, indptr, kv_indptr_list[-1])
+        # The page list of every request, gathered on the device from the page table in one kernel;
+        # a graph wrapper's is written straight into its fixed buffer (plan's copy is then a no-op).
+        graph_indices = self.graph_buffers[1] if graphed and self.graph_buffers is not None else None
+        kv_indices = step_metadata.kv_indices(
+            self.page_table.table,
+            batch.rows,
+            batch.seq_lens_t,
+            page_size,
+            kv_indptr_list[-1],
+            max(num_pages_list),
+            graph_indices,
+        )
         c, dtype = self.config, self.pool.k.dtype
         heads, kv_heads = self.num_heads, self.pool.kv_heads
         if batch.is_prefill:
@@ -108,12 +116,31 @@ class FlashInferBackend(AttentionBackend):
                 kv_data_type=dtype,
             )
 
+    def use_tensor_cores(self, batch_size: int) -> bool:
+        """FlashInfer's decode on tensor cores (its prefill kernel with one query per request) or
+        on CUDA cores. Tensor cores pay off once several query heads share a KV head (4 or more);
+        groups that are not a power of two (SmolLM2: 3) take them too: the path the GPU tests ran
+        for that layout. Below that, from TENSOR_CORE_MIN_BATCH rows on, as measured by
+        scripts/bench_kernels.py (`decode_attn_tc` rows)."""
+        group = self.group
+        if group >= 4 or group & (group - 1) != 0:
+            return True
+        return TENSOR_CORE_MIN_BATCH is not None and batch_size >= TENSOR_CORE_MIN_BATCH
+
+    def _decode_wrapper(self, batch_size: int):
+        tensor_cores = self.use_tensor_cores(batch_size)
+        if tensor_cores not in self.decode_wrappers:
+            self.decode_wrappers[tensor_cores] = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=tensor_cores
+            )
+        return self.decode_wrappers[tensor_cores]
+
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.is_prefill:
             self._plan(self.prefill_wrapper, batch)
         else:
-            self.current = self.decode_wrapper
-            self._plan(self.decode_wrapper, batch)
+            self.current = self._decode_wrapper(batch.size)
+            self._plan(self.current, batch)
 
     def _graph_wrapper(self, size: int):
         """The graph-mode decode wrapper of one captured batch size (made at its first capture)."""
@@ -132,7 +159,7 @@ class FlashInferBackend(AttentionBackend):
                 self.workspace,
                 "NHD",
                 use_cuda_graph=True,
-                use_tensor_cores=self.use_tensor_cores,
+                use_tensor_cores=self.use_tensor_cores(size),
                 paged_kv_indptr_buffer=indptr[: size + 1],
                 paged_kv_indices_buffer=indices,
                 paged_kv_last_page_len_buffer=last_page_len[:size],
@@ -145,11 +172,11 @@ class FlashInferBackend(AttentionBackend):
 
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
         self.current = self._graph_wrapper(batch.size)
-        self._plan(self.current, batch)
+        self._plan(self.current, batch, graphed=True)
 
     def prepare_for_replay(self, batch: ForwardBatch) -> None:
         self.current = self.graph_wrappers[batch.size]
-        self._plan(self.current, batch)
+        self._plan(self.current, batch, graphed=True)
 
     def forward(self, layer, q, k, v, batch):
         self.write_kv(layer, k, v, batch)

@@ -18,6 +18,7 @@ import torch
 from ..attention.factory import create_backend
 from ..core.forward_batch import ForwardBatch, StepInput
 from ..distributed.tp import TPInfo
+from ..kernels import step_metadata
 from ..kvcache.page_table import PageTable
 from ..kvcache.pool import KVPool
 from ..models.loader import load_model
@@ -182,10 +183,16 @@ class ModelRunner:
         """The inputs of a decode step of `size` rows, from the static rows and lengths alone (this
         runs inside the graph): each row's token from the token table, its position, its K/V slot."""
         buf = self.buffers
-        rows, positions = buf.rows[:size], buf.positions[:size]
-        torch.index_select(self.token_table, 0, rows, out=buf.input_ids[:size])
-        torch.sub(buf.seq_lens[:size], 1, out=positions)
-        buf.out_slots[:size].copy_(self.page_table.slots(rows, positions, self.page_size))
+        step_metadata.decode_inputs(
+            self.token_table,
+            self.page_table.table,
+            buf.rows[:size],
+            buf.seq_lens[:size],
+            self.page_size,
+            buf.input_ids[:size],
+            buf.positions[:size],
+            buf.out_slots[:size],
+        )  # one kernel on a GPU, the torch ops of step_metadata.torch_decode_inputs elsewhere
 
     def _send(self, layout: list[int]) -> torch.Tensor:
         """Copy a step's numbers to the device staging buffer in one transfer; the device view."""

@@ -71,15 +71,3 @@ class PageTable:
         """Pool slot of each token, given its request's row and its position: [T] -> [T]."""
         pages = self.table[rows, positions // page_size]
         return pages * page_size + positions % page_size
-
-    def pages_of(
-        self, rows: torch.Tensor, num_pages: torch.Tensor, indptr: torch.Tensor, total: int
-    ) -> torch.Tensor:
-        """The first num_pages[i] pages of each row, concatenated (FlashInfer's `kv_indices`).
-        `indptr` is the exclusive prefix sum of num_pages and `total` its last value, passed from the
-        host: the output size is then known without asking the device (no sync)."""
-        owner = torch.repeat_interleave(
-            torch.arange(rows.shape[0], device=rows.device), num_pages, output_size=total
-        )
-        column = torch.arange(total, device=rows.device) - indptr[owner]
-        return self.table[rows[owner], column]
