@@ -64,7 +64,7 @@ from tests.fixtures.tiny_models import make_tiny_checkpoint  # noqa: E402
 PAGE_SIZE = 16  # the H200 benchmark's (--attn fi --page-size 16)
 VOCAB = 32  # small: the sampler's arithmetic over [batch, vocab] is the GPU's work, not the host's
 MIN_PROMPT, MAX_PROMPT = 100, 1024  # the offline workload's lengths
-PREFILL_BUDGET = 8192  # final/'s default max_prefill_length
+PREFILL_BUDGET = 16384  # final/'s default max_prefill_length on a GPU (set: the CPU's is smaller)
 
 # (class or module, attribute, phase): the calls timed. Names missing from a tree are skipped, so
 # one script measures two versions of the engine.
@@ -205,6 +205,7 @@ def build_llm(model_dir: Path, batch: int, room: int, attn: str) -> final.LLM:
         page_size=PAGE_SIZE,
         num_pages=batch * pages_per_request + 64,
         max_running_requests=batch,
+        max_prefill_length=PREFILL_BUDGET,
         overlap="on",
     )
     # The executor owns the runner and the graphs (before it, the runner owned the graphs).

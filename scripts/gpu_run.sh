@@ -55,6 +55,8 @@
 #   bench-ch04    chapter 04: long-prompt under mixed 2048/8192, prefill-first 8192, unchunked; 3 repeats
 #   profile-ch01  chapter 01: where a batch-1 decode step goes, stage 01 against HF generate
 #   ladder        the results page's ladder: offline workload, every stage, final/, Mini-SGLang, Nano-vLLM
+#   bench-policy  final/'s offline workload under --chunk-policy mixed and prefill-first (Mini-SGLang's
+#                 way: a step with prefill work carries nothing else), at the default budget
 #   versus        final/ against Mini-SGLang in one call, both measured by the same code: the offline
 #                 workload and the batch-1 decode step (VERSUS_REPEATS, default 3, alternating the
 #                 engines) and the kernel table of a decode step at batch 1 and 256, greedy and 0.6
@@ -242,6 +244,11 @@ run_step() {
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_peer.py --engine mini-sglang --model $ckpt --out $results --name ladder_minisgl_$gpu
       PYTHONPATH=$PWD/.peers/nanovllm:$PYTHONPATH $py scripts/bench_peer.py --engine nano-vllm --model $ckpt --out $results --name ladder_nanovllm_$gpu \
         || echo "Nano-vLLM did not run (it needs FlashAttention 2): its ladder row stays empty"
+      ;;
+    bench-policy)
+      for policy in mixed prefill-first; do
+        bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg chunk_policy=$policy --name final_offline_policy_${policy//-/_}_$gpu
+      done
       ;;
     versus)
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_versus.py --model $ckpt --out $results \

@@ -35,7 +35,7 @@ def test_cli_defaults():
     assert (engine.model, options.host, options.port, engine.cache, engine.tp, options.shell) == (
         None, "127.0.0.1", 1919, "radix", 1, False,
     )  # fmt: skip
-    assert (engine.max_prefill_length, engine.chunk_policy) == (8192, "mixed")
+    assert (engine.max_prefill_length, engine.chunk_policy) == (None, "mixed")  # per device: resolve
     assert engine == EngineConfig()  # every default is the field's own
     assert options == ServeOptions()
 

@@ -28,6 +28,13 @@ def positive_or_zero(text: str) -> int:
 
 MODEL, ENGINE, PARALLEL = "model", "engine", "tensor parallelism"  # the flags' groups in --help
 OVERLAP_MODES = ("auto", "on", "off")
+# The prefill budget when --max-prefill-length is not set, per device: the most prompt tokens one
+# step computes. On a GPU, Mini-SGLang's default (its --max-extend-tokens): a step of that many
+# tokens of a small model takes tens of milliseconds. On the CPU a step of a few hundred tokens of
+# the default model takes seconds, and every running stream waits for it (issue 29: a 3,000-token
+# prompt in one step held every stream for 33 s): small chunks keep their tokens coming.
+GPU_PREFILL_BUDGET = 16384
+CPU_PREFILL_BUDGET = 256
 
 
 @dataclass
@@ -63,10 +70,13 @@ class EngineConfig:
     max_running_requests: int = option(
         256, "most requests holding KV cache at once (decoding together)", group=ENGINE
     )
-    max_prefill_length: int = option(
-        8192,
+    max_prefill_length: int | None = option(
+        None,
         "prompt tokens one step may compute (chunked prefill): a longer prompt is cut into "
-        "chunks over several steps; a large value turns chunking off",
+        "chunks over several steps, and every step still carries the running requests' decodes "
+        "(--chunk-policy mixed), so the budget bounds how long a long prompt holds the others; a "
+        f"large value turns chunking off. Default: {GPU_PREFILL_BUDGET} on a GPU (Mini-SGLang's), "
+        f"{CPU_PREFILL_BUDGET} on the CPU, where a step of a few hundred prompt tokens already takes seconds",
         group=ENGINE,
     )
     chunk_policy: str = option(
@@ -147,7 +157,7 @@ class EngineConfig:
                 f"--max-running-requests must be >= 1, got {self.max_running_requests}",
             ),
             (
-                self.max_prefill_length >= 1,
+                self.max_prefill_length is None or self.max_prefill_length >= 1,
                 f"--max-prefill-length must be >= 1, got {self.max_prefill_length}",
             ),
             (

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..attention.choose import AttentionChoice, resolve_attention
-from ..core.config import EngineConfig
+from ..core.config import CPU_PREFILL_BUDGET, GPU_PREFILL_BUDGET, EngineConfig
 from ..core.devices import DTYPES, pick_device, pick_dtype
 from ..core.errors import UserError
 from ..core.model_config import ModelConfig
@@ -85,7 +85,7 @@ def resolve_config(config: EngineConfig, model_dir: Path | None = None) -> Resol
         num_pages=config.num_pages,
         memory_ratio=config.memory_ratio,
         max_running_requests=config.max_running_requests,
-        max_prefill_length=config.max_prefill_length,
+        max_prefill_length=config.max_prefill_length or default_prefill_budget(device),
         chunk_policy=config.chunk_policy,
         cache=config.cache,
         graph_max_batch=graph_max_batch(config, device),
@@ -95,6 +95,11 @@ def resolve_config(config: EngineConfig, model_dir: Path | None = None) -> Resol
         dist_init_addr=config.dist_init_addr,
         dist_timeout=config.dist_timeout,
     )
+
+
+def default_prefill_budget(device: torch.device) -> int:
+    """--max-prefill-length when it is not set: see GPU_PREFILL_BUDGET and CPU_PREFILL_BUDGET."""
+    return GPU_PREFILL_BUDGET if device.type == "cuda" else CPU_PREFILL_BUDGET
 
 
 def graph_max_batch(config: EngineConfig, device: torch.device) -> int | None:
