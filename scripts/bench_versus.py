@@ -10,12 +10,17 @@ Mini-SGLang, repeat after repeat, so a drift of the machine falls on both. The f
 medians over the repeats. The result, `versus_minisgl_<gpu>.json`, holds both engines' figures,
 every repeat, the commit, the call's run id and each ratio, written so that a ratio above 1 always
 means final/ is ahead (throughput: final / peer; step time: peer / final).
+
+`--base DIR` adds a third engine: an older final/ (DIR holds its `final` package, e.g. from `git
+archive <commit> final | tar -x -C DIR`), measured the same way in the same call, so the JSON also
+says what the change since that commit bought (`vs_base`: above 1, the current final/ is ahead).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -31,26 +36,35 @@ sys.path.insert(0, str(ROOT))  # before scripts/, whose stages.py would shadow t
 from stages.common.bench import stamp_run_id  # noqa: E402
 
 ENGINES = ("final", "mini-sglang")
+BASE = "final-base"  # --base: an older final/, measured beside them
 # workload -> (metric, whether higher is better)
 MEASURES = {"offline": ("output_tok_per_s", True), "latency": ("decode_step_ms", False)}
 
 
-def run(cmd: list[str]) -> None:
+def run(cmd: list[str], env: dict[str, str] | None = None) -> None:
     print(f"[bench_versus] {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    code = subprocess.run(cmd, cwd=ROOT).returncode
+    code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
     if code != 0:
         raise SystemExit(f"[bench_versus] failed (exit code {code}): {shlex.join(cmd)}")
 
 
 def peer_run(engine: str, workload: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    """One fresh-process run of bench_peer.py; its result file's content."""
+    """One fresh-process run of bench_peer.py; its result file's content. `final-base` is final/
+    imported from --base's folder."""
     name = f"{engine}_{workload}".replace("-", "_")
+    env = None
+    if engine == BASE:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(args.base), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        engine = "final"
     cmd = [sys.executable, "scripts/bench_peer.py", "--engine", engine, "--workload", workload]
     # --scale shrinks the offline workload only: the batch-1 step is a difference of two calls,
     # which needs its full 128 tokens.
     scale = args.scale if workload == "offline" else 1.0
     cmd += ["--model", str(args.model), "--attn", args.attn, "--scale", str(scale)]
-    run(cmd + ["--out", str(tmp), "--name", name])
+    run(cmd + ["--out", str(tmp), "--name", name], env)
     return json.loads((tmp / f"{name}.json").read_text())
 
 
@@ -78,6 +92,10 @@ def assemble(
             "ratio": ratio(median["final"], median["mini-sglang"], higher),
             "runs": values,
         }
+        base = [r["metrics"][metric] for r in runs.get(BASE, {}).get(workload, [])]
+        if base:
+            out[workload] |= {"base": statistics.median(base), "base_runs": base}
+            out[workload]["vs_base"] = ratio(median["final"], out[workload]["base"], higher)
     tables = []
     for mine in kernels.get("final", []):
         theirs = next(
@@ -120,14 +138,16 @@ def main(argv: list[str] | None = None) -> None:
         "--kernel-batches", type=int, nargs="*", default=[1, 256], help="none: no kernel table"
     )
     parser.add_argument("--kernel-temperatures", type=float, nargs="+", default=[0.0, 0.6])
+    parser.add_argument("--base", type=Path, default=None, help="a folder holding an older `final` package")
     args = parser.parse_args(argv)
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {e: {w: [] for w in args.workloads} for e in ENGINES}
+    engines = ENGINES + ((BASE,) if args.base else ())
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {e: {w: [] for w in args.workloads} for e in engines}
     kernels: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         for _ in range(args.repeats):
             for workload in args.workloads:
-                for engine in ENGINES:  # alternating: a drift of the machine falls on both
+                for engine in engines:  # alternating: a drift of the machine falls on all of them
                     runs[engine][workload].append(peer_run(engine, workload, args, tmp))
         if args.kernel_batches:
             for engine in ENGINES:

@@ -251,8 +251,10 @@ run_step() {
       done
       ;;
     versus)
+      # VERSUS_BASE=<folder with an older final/> (e.g. .base: git archive <commit> final | tar -x -C .base)
+      # measures that final/ too, in the same call: what the change since then bought.
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_versus.py --model $ckpt --out $results \
-        --gpu $gpu --repeats "${VERSUS_REPEATS:-3}"
+        --gpu $gpu --repeats "${VERSUS_REPEATS:-3}" ${VERSUS_BASE:+--base "$VERSUS_BASE"}
       ;;
     host-step) $py scripts/bench_host_step.py --steps 200 --json "$out/logs/host_step.json" ;;
     *) echo "unknown step $1"; return 2 ;;

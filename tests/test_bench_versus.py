@@ -24,6 +24,8 @@ def test_ratios_say_final_is_ahead_above_one() -> None:
                   "latency": [{"metrics": {"decode_step_ms": 2.0}}]},
         "mini-sglang": {"offline": [{"metrics": {"output_tok_per_s": 100.0}}],
                         "latency": [{"metrics": {"decode_step_ms": 3.0}}]},
+        "final-base": {"offline": [{"metrics": {"output_tok_per_s": 160.0}}],
+                       "latency": [{"metrics": {"decode_step_ms": 2.5}}]},
     }  # fmt: skip
     kernels = {
         "final": [{"batch": 1, "temperature": 0.0, "gpu_us_per_step": 1500.0}],
@@ -32,6 +34,7 @@ def test_ratios_say_final_is_ahead_above_one() -> None:
     out = bench_versus.assemble(runs, kernels)
     assert out["offline"]["final"] == 200.0 and out["offline"]["ratio"] == 2.0  # the median, over theirs
     assert out["latency"]["ratio"] == 1.5  # a shorter step is ahead: theirs over ours
+    assert out["offline"]["vs_base"] == 1.25 and out["latency"]["vs_base"] == 1.25  # what the change bought
     assert out["kernels"][0]["gpu_us_ratio"] == pytest.approx(1.2)
 
 
