@@ -16,7 +16,7 @@ from final.core.model_config import load_model_config
 from final.core.sampling_params import SamplingParams
 from final.engine.graph import capture_sizes
 from final.engine.sampler import Sampler, min_p_mask, top_k_mask, top_p_mask
-from final.kernels import gemv, kv_write, qk_norm_rope_kv
+from final.kernels import gemv, kv_write, qk_norm_rope_kv, step_metadata
 from final.kernels import sampling as sampling_kernels
 from final.models import fused
 from final.models.rope import RotaryEmbedding
@@ -264,6 +264,34 @@ def test_fused_qk_norm_rope_kv_kernel_matches_its_reference(page_size, norm, tok
     step = 0.13 if cache_dtype == FP8 else 0.01
     assert ((got[written] - want[written]).abs() <= step * want[written].abs() + 1e-2).all()
     torch.testing.assert_close(live_part(got_v, page_size), live_part(want_v, page_size), rtol=0, atol=0, equal_nan=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("batch", [1, 9, 256])
+def test_step_metadata_kernels_match_their_references(page_size, batch):
+    """A decode step's inputs and the attention plan's page list, one kernel each, against the torch
+    ops they replace: random distinct pages, padding rows on the padding row."""
+    torch.manual_seed(batch + page_size)
+    width, padding, rows_total = 64, min(3, batch - 1), batch + 1
+    table = torch.randperm(rows_total * width, device="cuda").view(rows_total, width).to(torch.int32)
+    table[-1] = 7  # the padding row: every entry the padding page
+    tokens = torch.randint(0, 150_000, (rows_total,), device="cuda", dtype=torch.int32)
+    live = torch.randperm(rows_total - 1, device="cuda")[: batch - padding].to(torch.int32)
+    rows = torch.cat([live, torch.full((padding,), rows_total - 1, device="cuda", dtype=torch.int32)])
+    lens = torch.randint(1, width * page_size + 1, (batch - padding,), device="cuda", dtype=torch.int32)
+    seq_lens = torch.cat([lens, torch.ones(padding, device="cuda", dtype=torch.int32)])
+    got = [torch.full((batch,), -7, device="cuda", dtype=torch.int32) for _ in range(3)]
+    want = [torch.empty(batch, device="cuda", dtype=torch.int32) for _ in range(3)]
+    step_metadata.decode_inputs(tokens, table, rows, seq_lens, page_size, *got)
+    step_metadata.torch_decode_inputs(tokens, table, rows, seq_lens, page_size, *want)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    counts = (seq_lens + page_size - 1) // page_size
+    total, most = int(counts.sum()), int(counts.max())
+    out = torch.full((total + 5,), -7, device="cuda", dtype=torch.int32)
+    step_metadata.kv_indices(table, rows, seq_lens, page_size, total, most, out)
+    assert torch.equal(out[:total], step_metadata.torch_kv_indices(table, rows, seq_lens, page_size, total))
+    assert (out[total:] == -7).all()
 
 
 @pytest.mark.parametrize("shape", [(1024, 2048), (1024, 3072), (4096, 1024), (6144, 1024), (151936, 1024)])

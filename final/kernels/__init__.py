@@ -4,6 +4,7 @@ beside the torch code it replaces.
     kv_write.py         K and V of a step's tokens into the paged pool: one kernel a layer
     qk_norm_rope_kv.py  Qwen3's per-head q/k RMSNorm, RoPE and the K/V write: one kernel a layer
     sampling.py         FlashInfer's sampling kernels with per-row parameters
+    step_metadata.py    a decode step's inputs and slots, and the attention plan's page list
     gemv.py             small-batch linear layers (decode at batch 1-4) that read weights faster
                         than cuBLAS does at those shapes
 
