@@ -149,19 +149,24 @@ class EngineCore:
             cache=self.engine_config.cache,
         )
 
-    def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; a UserError says why it cannot be served (nothing is queued then)."""
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """A UserError saying why a request cannot be served, without queueing it; else how many
+        tokens it may generate."""
         params.validate()
         Sampler.check(params)
-        cap = max_new_tokens(
+        return max_new_tokens(
             prompt_ids,
             params.max_tokens,
             self.model_config.max_context,
             self.model_config.vocab_size,
             self.kv_capacity,
         )
+
+    def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request; a UserError says why it cannot be served (nothing is queued then)."""
+        cap = self.check_request(prompt_ids, params)
+        generator = make_generator(params, self.device)  # before queueing: it may fail too
         self.scheduler.add(Request(rid=rid, prompt_ids=list(prompt_ids), params=params, max_new_tokens=cap))
-        generator = make_generator(params, self.device)
         if generator is not None:
             self.generators[rid] = generator
 
