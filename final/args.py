@@ -16,6 +16,11 @@ DEFAULT_HOST = "127.0.0.1"  # loopback: serving beyond this machine is an explic
 DEFAULT_PORT = 1919
 DEFAULT_MAX_WAITING = 1024
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+# engine/heartbeat.py's and server/timeouts.py's defaults, written out so that `--help` imports
+# neither torch nor uvicorn; tests/test_final_server_reliability.py keeps them equal.
+DEFAULT_READ_TIMEOUT_S = 30.0
+DEFAULT_SILENCE_S = 10.0
+DEFAULT_STEP_TIMEOUT_S = 600.0
 PUBLIC_PATHS = ("/health", "/metrics", "/openapi.json", "/docs")  # what --public-paths may name
 
 
@@ -275,6 +280,34 @@ def build_parser() -> argparse.ArgumentParser:
         type=_comma_list,
         default=None,
         help="CORS: web origins that may call the API from a browser (comma list, or *); default: none",
+    )
+    server.add_argument(
+        "--allowed-hosts",
+        type=_comma_list,
+        default=None,
+        help="host names the Host header may carry (comma list, or *), besides IP addresses, localhost, "
+        "the --host name and, when bound beyond loopback, this machine's names; guards against DNS "
+        "rebinding; default: none more",
+    )
+    server.add_argument(
+        "--read-timeout",
+        type=float,
+        default=DEFAULT_READ_TIMEOUT_S,
+        help="seconds a client may take to send a request's headers, and then its body (a 408)",
+    )
+    server.add_argument(
+        "--engine-silence-timeout",
+        type=float,
+        default=DEFAULT_SILENCE_S,
+        help="seconds the engine process may show no sign of life (stopped, frozen) before the server "
+        "ends every request with 503 engine_dead and exits with status 3",
+    )
+    server.add_argument(
+        "--engine-step-timeout",
+        type=float,
+        default=DEFAULT_STEP_TIMEOUT_S,
+        help="seconds one engine step may run before the engine counts as hung (as above); it must "
+        "outlast the longest prefill and a GPU's first-use kernel compiles; 0: no limit",
     )
     server.add_argument("--shell", action="store_true", help="chat in this terminal instead of serving HTTP")
     server.add_argument(
