@@ -9,7 +9,9 @@ runs one step, sends the step's token ids, and blocks only when it has nothing t
 It never outlives the frontend, nor hangs on it (lifeline.py): the kernel kills it when its parent
 dies, its sends time out and look for a Shutdown or a dead parent, and the frontend's `shutdown`
 escalates from a Shutdown message to SIGTERM to SIGKILL, each after a bounded wait. A failure
-handling one request's message fails that request alone.
+handling one request's message fails that request alone. A thread beats a heartbeat, and the loop
+counts its steps, in a `Pulse` the frontend watches (heartbeat.py): a frozen engine, or one stuck
+in a step, is noticed.
 """
 
 from __future__ import annotations
