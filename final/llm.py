@@ -18,7 +18,8 @@ that add requests while others run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -85,14 +86,34 @@ class LLM:
 
     def add_request(self, prompt: Prompt, params: Any = None) -> int:
         """Queue a prompt (text, tokenized without a chat template, or token ids); return its id.
-        `params` is a SamplingParams, or any object with the same attribute names."""
+        `params` is a SamplingParams, or any object with the same attribute names. A UserError
+        says why it cannot be served; nothing is queued then."""
+        return self._queue(*self._prepare(prompt, params))
+
+    def _prepare(self, prompt: Prompt, params: Any) -> tuple[list[int], SamplingParams]:
+        """The prompt's ids and its params, checked as the engine will check them (queues nothing)."""
         sampling = self.get_default_sampling_params() if params is None else SamplingParams.coerce(params)
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt) if isinstance(prompt, Iterable) else []
+            if not ids or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
+                raise UserError(f"a prompt is a string or a non-empty list of token ids, got {prompt!r:.80}")
+        self.core.check_request(ids, sampling)
+        return ids, sampling
+
+    def _queue(self, ids: list[int], sampling: SamplingParams) -> int:
         rid = self.next_rid
+        self.next_rid += 1  # never reused, even when the engine refuses the request
         self.core.add_request(rid, ids, sampling)
-        self.next_rid += 1
         self.requests[rid] = RequestState(rid, ids, sampling, self.tokenizer)
         return rid
+
+    def _drop(self, rids: Sequence[int]) -> None:
+        """Abort these requests in the engine and forget them (their pages go back to the pool)."""
+        for rid in rids:
+            if self.requests.pop(rid, None) is not None:
+                self.core.abort(rid)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -101,7 +122,9 @@ class LLM:
         """Run one engine step; return the requests that finished in it."""
         finished = []
         for delta in self.core.step():
-            state = self.requests[delta.rid]
+            state = self.requests.get(delta.rid)
+            if state is None:  # dropped by a failed generate() while its last step was in flight
+                continue
             state.apply(delta)
             if state.needs_abort:  # a stop string matched: the engine would go on otherwise
                 self.core.abort(delta.rid)
@@ -119,19 +142,32 @@ class LLM:
             per_prompt = [params] * len(prompts)
         else:
             per_prompt = list(params)
-        order = {
-            self.add_request(p, sp): i for i, (p, sp) in enumerate(zip(prompts, per_prompt, strict=True))
-        }
+        if len(per_prompt) != len(prompts):
+            raise UserError(
+                f"{len(per_prompt)} sampling params for {len(prompts)} prompts: give one, or one per prompt"
+            )
+        # Every prompt is checked before any is queued: a bad one fails the call and leaves nothing
+        # behind to run silently in the next call.
+        prepared = [self._prepare(p, sp) for p, sp in zip(prompts, per_prompt, strict=True)]
+        order: dict[int, int] = {}
         results: list[RequestOutput | None] = [None] * len(prompts)
         remaining = len(prompts)  # counted, not searched for among the results at every step
-        # disable=None: a bar on a terminal, nothing in logs and pipes.
-        with tqdm(total=len(prompts), disable=None if progress else True, desc="generate", unit="req") as bar:
-            while remaining:
-                for rid, out in self.step():
-                    if rid in order:
-                        results[order[rid]] = out
-                        remaining -= 1
-                        bar.update(1)
+        try:
+            for i, (ids, sampling) in enumerate(prepared):
+                order[self._queue(ids, sampling)] = i
+            # disable=None: a bar on a terminal, nothing in logs and pipes.
+            with tqdm(
+                total=len(prompts), disable=None if progress else True, desc="generate", unit="req"
+            ) as bar:
+                while remaining:
+                    for rid, out in self.step():
+                        if rid in order:
+                            results[order[rid]] = out
+                            remaining -= 1
+                            bar.update(1)
+        except BaseException:  # an error, or Ctrl-C: this call's requests must not linger in the engine
+            self._drop(list(order))
+            raise
         return results  # type: ignore[return-value]
 
     def chat(

@@ -8,7 +8,11 @@ It starts its own server (the default model unless --model), warms it up, reads 
 --duration seconds. Each worker loops over a random mix: streamed and plain completions and
 chats (greedy, seeded, with stop strings), streams it abandons after a few events (an abort),
 and bad requests (malformed or deep JSON, lone surrogates, huge numbers, loose types, a body over
-the size cap, text/plain, requests that can never fit). The concurrency stays below the
+the size cap, text/plain, requests that can never fit, a Host naming another server, bodies of
+too many messages). Beside them run a long-prompt client (a prompt of --long-prompt-tokens inside
+the limits, again and again) and a slow-body client (raw connections that send their headers or
+body a byte at a time, past the server's --read-timeout: each must be closed, the body ones with a
+408; and one slow body that finishes in time must be served). The concurrency stays below the
 admission limit, so a healthy server answers no 5xx at all. At the end it waits for the pool to
 come back and prints: requests by kind and status, any 5xx, the KV pool against its baseline,
 and RSS before and after. Exit status 1 if any 5xx, if the pool is not back, or if the server died.
@@ -60,6 +64,8 @@ def bad_requests(max_in_flight: int) -> list[tuple[str, bytes, dict[str, str]]]:
         (chat, body(messages=user), {"Content-Type": "text/plain"}),
         (comp, body(prompt="x", model="gpt-4"), js),
         (comp, body(prompt="x" * 10_000_000), js),  # past the default body cap: 413
+        (chat, body(messages=user * 100_000), js),  # counted before validation: 400
+        (comp, body(prompt="x"), {**js, "Host": "rebind.attacker.example"}),  # DNS rebinding: 400
     ]
 
 
@@ -141,8 +147,79 @@ class Soak:
                     self.record("transport", 0, repr(err))
 
 
-async def run_workers(soak: Soak, count: int, deadline: float) -> None:
-    await asyncio.gather(*(soak.worker(deadline) for _ in range(count)))
+async def run_workers(soak: Soak, count: int, deadline: float, extra: tuple = ()) -> None:
+    await asyncio.gather(*(soak.worker(deadline) for _ in range(count)), *extra)
+
+
+async def long_prompt_client(soak: Soak, tokens: int, deadline: float) -> None:
+    """A prompt of about `tokens` tokens (inside every limit), a new one (no prefix cache hit)
+    as soon as the last is answered."""
+    vocabulary = ["river", "engine", "page", "cache", "token", "step", "batch", "prefix", "stream"]
+    async with httpx.AsyncClient(timeout=900) as client:
+        while time.monotonic() < deadline:
+            words = " ".join(soak.rng.choice(vocabulary) for _ in range(tokens))
+            body = {"prompt": words, "max_tokens": 8, "temperature": 0}
+            try:
+                response = await client.post(soak.url + "/v1/completions", json=body)
+                soak.record("long", response.status_code, response.text)
+            except httpx.HTTPError as err:
+                soak.record("long", 0, repr(err))
+
+
+SLOW_HEAD = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+SLOW_EXPECTED = {"headers": 0, "body": 408, "in-time": 200}  # 0: closed without an answer
+
+
+async def slow_request(port: int, kind: str, read_timeout: float) -> tuple[int, float]:
+    """One connection that sends its headers, or its body, a byte at a time: (the status it got,
+    0 for a connection closed without an answer; the seconds it took)."""
+    body = json.dumps({"prompt": "The", "max_tokens": 2}).encode()
+    head, trickle, pause = {
+        "headers": (SLOW_HEAD, b"x" * 10**6, 1.0),
+        "body": (SLOW_HEAD + "Content-Length: 100000\r\n\r\n", b" " * 10**6, 1.0),
+        "in-time": (SLOW_HEAD + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n", body,
+                    read_timeout / (2 * len(body))),
+    }[kind]  # fmt: skip
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    # Stop sending at the first byte of an answer: a byte sent after the server closed makes its
+    # kernel answer with a reset, which can discard the answer before it is read.
+    first = asyncio.ensure_future(reader.read(65536))
+    writer.write(head.encode())
+    for byte in trickle:
+        if first.done() or time.monotonic() - started > read_timeout + 10:
+            break
+        try:
+            writer.write(bytes([byte]))
+            await writer.drain()
+        except OSError:
+            break
+        await asyncio.wait([first], timeout=pause)
+    # A request sent in time waits for its answer like any other (behind a long prefill, say).
+    wait = 600 if kind == "in-time" else read_timeout + 10
+    try:
+        data = await asyncio.wait_for(first, wait)
+        data += await asyncio.wait_for(reader.read(), wait) if data else b""
+    except (asyncio.TimeoutError, OSError):
+        data = b""
+    writer.close()
+    status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+    return status, time.monotonic() - started
+
+
+async def slow_client(soak: Soak, port: int, read_timeout: float, deadline: float) -> None:
+    """Slow headers, a slow body, and a slow body that arrives in time, in turn: the first two
+    must be cut within the read timeout (plus a margin), the last served."""
+    n = 0
+    while time.monotonic() < deadline:
+        kind = list(SLOW_EXPECTED)[n % 3]
+        n += 1
+        status, elapsed = await slow_request(port, kind, read_timeout)
+        soak.statuses[f"slow-{kind} {status}"] += 1
+        if status != SLOW_EXPECTED[kind] or (kind != "in-time" and elapsed > read_timeout + 10):
+            soak.server_errors.append(
+                f"slow {kind}: {status} after {elapsed:.1f} s, not {SLOW_EXPECTED[kind]}"
+            )
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -179,7 +256,8 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen,
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "final", "--port", str(port), "--log-level", "warning",
            "--max-running-requests", str(args.max_running), "--max-waiting-requests", str(args.max_waiting),
-           "--num-pages", str(args.num_pages)] + (["--model", args.model] if args.model else [])  # fmt: skip
+           "--num-pages", str(args.num_pages), "--read-timeout", str(args.read_timeout)] + (
+               ["--model", args.model] if args.model else [])  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -205,6 +283,8 @@ def main() -> int:
     p.add_argument("--num-pages", type=int, default=4096, help="the server's --num-pages")
     p.add_argument("--model", default=None, help="default: the default model")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--long-prompt-tokens", type=int, default=2000, help="the long-prompt client's prompt")
+    p.add_argument("--read-timeout", type=float, default=3, help="the server's --read-timeout")
     p.add_argument("--log", default="build/soak-server.log", help="the server's log")
     args = p.parse_args()
     if args.concurrency >= args.max_running + args.max_waiting:
@@ -219,7 +299,11 @@ def main() -> int:
         before_kv, before_rss = wait_for_idle_pool(url), rss_mb(proc.pid)
         soak = Soak(url, limit, args.seed + 1)
         start = time.monotonic()
-        asyncio.run(run_workers(soak, args.concurrency, start + args.duration))
+        port = int(url.rsplit(":", 1)[1])
+        deadline = start + args.duration
+        extra = (long_prompt_client(soak, args.long_prompt_tokens, deadline),
+                 slow_client(soak, port, args.read_timeout, deadline))  # fmt: skip
+        asyncio.run(run_workers(soak, args.concurrency, deadline, extra))
         elapsed = time.monotonic() - start
         after_kv, after_rss = wait_for_idle_pool(url), rss_mb(proc.pid)
         alive = proc.poll() is None

@@ -112,7 +112,7 @@ def test_a_client_that_hangs_up_is_one_info_line(server):
     body = json.dumps(LONG).encode()
     with socket.create_connection(("127.0.0.1", server.port)) as conn:
         conn.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )

@@ -146,11 +146,13 @@ def test_unrepresentable_values_are_400s_and_running_streams_finish_unharmed(ser
 def test_a_burst_of_streams_admits_exactly_the_limit(default_server):
     body = {"prompt": "Count from one to a thousand:", "max_tokens": 4000, "ignore_eos": True, "stream": True}
 
+    refusals: list[dict] = []
+
     async def one(client: httpx.AsyncClient) -> tuple[int, httpx.Response | None]:
         request = client.build_request("POST", f"{default_server.url}{COMPLETIONS}", json=body)
         response = await client.send(request, stream=True)
         if response.status_code != 200:
-            await response.aread()
+            refusals.append(json.loads(await response.aread())["error"])
             await response.aclose()
             return response.status_code, None
         return 200, response  # held open: the stream keeps its place until we close it
@@ -167,6 +169,8 @@ def test_a_burst_of_streams_admits_exactly_the_limit(default_server):
     for _ in range(3):
         statuses = asyncio.run(burst())
         assert sorted(statuses) == [200] * 8 + [503] * 32, statuses
+        # it counts sequences (prompts x n), and says so
+        assert all(e["code"] == "server_overloaded" and "8 sequences" in e["message"] for e in refusals)
         default_server.wait_for_idle_pool(timeout=60)  # the 8 were aborted when their clients left
 
 
@@ -284,16 +288,17 @@ def test_bad_text_and_deep_json_are_400s_on_a_kept_alive_connection(server):
 
 
 def test_a_request_that_can_never_fit_is_a_400_naming_the_limit(server):
+    # One request may hold --max-running-requests sequences (4), not the whole server's 8.
     for path, body in [
         (COMPLETIONS, {"prompt": ["Hi"] * 2000, "max_tokens": 2}),
         (COMPLETIONS, {"prompt": ["Hi"] * 5, "n": 2, "max_tokens": 2}),
         (CHAT, {"messages": USER, "n": 9, "max_tokens": 2}),
     ]:
-        error = assert_openai_error(post(server, path, body), 400, "at most 8")
-        assert error["code"] == "too_many_sequences" and "--max-waiting-requests" in error["message"]
+        error = assert_openai_error(post(server, path, body), 400, "at most 4")
+        assert error["code"] == "too_many_sequences" and "--max-running-requests" in error["message"]
     # exactly the limit fits
-    out = post(server, COMPLETIONS, {"prompt": ["Hi"] * 4, "n": 2, "max_tokens": 2})
-    assert out.status_code == 200 and len(out.json()["choices"]) == 8
+    out = post(server, COMPLETIONS, {"prompt": ["Hi"] * 2, "n": 2, "max_tokens": 2})
+    assert out.status_code == 200 and len(out.json()["choices"]) == 4
 
 
 @pytest.mark.parametrize("temperature", [1e-300, 1e-7])
@@ -384,7 +389,7 @@ def test_a_client_gone_from_a_plain_request_is_no_error(default_server):
     body = json.dumps({"prompt": "Count from one to a thousand:", "max_tokens": 4000, "ignore_eos": True})
     with socket.create_connection(("127.0.0.1", default_server.port), timeout=60) as sock:
         sock.sendall(
-            f"POST {COMPLETIONS} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST {COMPLETIONS} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
         )
         deadline = time.monotonic() + 60

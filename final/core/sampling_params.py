@@ -8,6 +8,7 @@ attribute names (a stage's SamplingParams, a namespace) and returns final's own 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -36,11 +37,14 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids)
+        for name in ("stop", "stop_token_ids"):
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise UserError(f"{name} must be a list, got {getattr(self, name)!r}")
+            setattr(self, name, list(getattr(self, name)))
         self.validate()
 
     def validate(self) -> None:
+        self._check_types()  # first: the range checks below compare, and "0.5" >= 0 is a TypeError
         checks: list[tuple[bool, str]] = [
             (
                 self.temperature >= 0 and math.isfinite(self.temperature),
@@ -67,6 +71,27 @@ class SamplingParams:
             if not ok:
                 raise UserError(message)
 
+    def _check_types(self) -> None:
+        """A UserError for a value of the wrong type: a bool is not a number here (True would be a
+        max_tokens of 1), nor a float an integer (a seed of 1.5 would fail later, in the engine)."""
+        integers = {
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "logprobs": self.logprobs,
+        }
+        for name, value in integers.items():
+            optional = name != "top_k"
+            if not (_is_integer(value) or (optional and value is None)):
+                raise UserError(f"{name} must be an integer{' or None' if optional else ''}, got {value!r}")
+        for name in ("temperature", "top_p", "min_p"):
+            if not _is_real(getattr(self, name)):
+                raise UserError(f"{name} must be a number, got {getattr(self, name)!r}")
+        if not all(_is_integer(t) for t in self.stop_token_ids):
+            raise UserError(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise UserError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
@@ -81,3 +106,11 @@ class SamplingParams:
             return params
         values = {f.name: getattr(params, f.name) for f in fields(cls) if hasattr(params, f.name)}
         return cls(**values)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -50,7 +50,7 @@ from .handle import StepHandle
 from .messages import EngineInfo, EngineStats, RequestDelta
 from .peers import Ranks, SingleRank
 from .resolve import ResolvedConfig
-from .sampler import Sampler, to_host
+from .sampler import Sampler, make_generator, to_host
 from .stats import EngineCounters
 
 log = logging.getLogger(__name__)
@@ -103,17 +103,24 @@ class EngineCore:
             cache=config.cache,
         )
 
-    def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; a UserError says why it cannot be served (nothing is queued then)."""
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """A UserError saying why a request cannot be served, without queueing it; else how many
+        tokens it may generate."""
         params.validate()
         Sampler.check(params)
-        cap = max_new_tokens(
+        return max_new_tokens(
             prompt_ids,
             params.max_tokens,
             self.model_config.max_context,
             self.model_config.vocab_size,
             self.kv_capacity,
         )
+
+    def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request; a UserError says why it cannot be served (nothing is queued then)."""
+        cap = self.check_request(prompt_ids, params)
+        if params.seed is not None:
+            make_generator(params, self.device)  # a seed the device cannot take fails before queueing
         self.scheduler.add(Request(rid=rid, prompt_ids=list(prompt_ids), params=params, max_new_tokens=cap))
         self.sampler.add(rid, params)
 

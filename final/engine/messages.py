@@ -14,6 +14,8 @@ from typing import Any
 
 from ..core.sampling_params import SamplingParams
 
+ENGINE_DEAD = "engine_dead"  # RequestDelta.error_code of every request when the engine is lost
+
 
 @dataclass
 class AddRequest:
@@ -49,7 +51,8 @@ class RequestDelta:
     cached_tokens: int = 0
     error: str | None = None
     # With `error`: "invalid_request" when the engine refused the request's input (a 400 for an
-    # API client), "shutting_down" when the server is stopping; None for a failure of the engine.
+    # API client), "shutting_down" when the server is stopping, ENGINE_DEAD when the engine is lost
+    # (a lost tensor-parallel rank; the process exits); None for a failure of the engine.
     error_code: str | None = None
 
 

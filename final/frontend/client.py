@@ -10,13 +10,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import zmq
 import zmq.asyncio
 
 from ..core.sampling_params import SamplingParams
-from ..engine.messages import AbortRequest, AddRequest, EngineStats, RequestDelta, StatsQuery, StepOutputs
+from ..engine.messages import (
+    ENGINE_DEAD,
+    AbortRequest,
+    AddRequest,
+    EngineStats,
+    RequestDelta,
+    StatsQuery,
+    StepOutputs,
+)
 from ..runtime.process import EngineProcess
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,8 @@ class AsyncEngineClient:
         self.receive_task: asyncio.Task[None] | None = None
         self.dead = False
         self.closed = False
+        # Called once when the engine is lost (engine_lost): the server stops then (server/launch.py).
+        self.on_lost: Callable[[], None] | None = None
 
     def start(self) -> None:
         self.receive_task = asyncio.get_running_loop().create_task(self._receive_loop())
@@ -61,7 +71,11 @@ class AsyncEngineClient:
         queue: asyncio.Queue[RequestDelta] = asyncio.Queue()
         self.queues[rid] = queue
         if self.dead or not self._send(AddRequest(rid, prompt_ids, params)):
-            queue.put_nowait(RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=ENGINE_GONE))
+            queue.put_nowait(
+                RequestDelta(
+                    rid=rid, token_ids=[], finish_reason="error", error=ENGINE_GONE, error_code=ENGINE_DEAD
+                )
+            )
         return rid, queue
 
     def _send(self, msg: object) -> bool:
@@ -105,7 +119,7 @@ class AsyncEngineClient:
         while True:
             if not await self.receiver.poll(1000):
                 if not self.engine.is_alive():
-                    self._engine_died()
+                    self.engine_lost(f"exit code {self.engine.process.exitcode}")
                     return
                 continue
             try:
@@ -124,11 +138,21 @@ class AsyncEngineClient:
                 if future is not None and not future.done():
                     future.set_result(msg)
 
-    def _engine_died(self) -> None:
-        log.error("%s (exit code %s)", ENGINE_GONE, self.engine.process.exitcode)
+    def engine_lost(self, reason: str) -> None:
+        """The engine is gone (or hung, and killed: frontend/engine_monitor.py): every request in
+        flight ends with `engine_dead`; the details go to the log, not to the clients."""
+        if self.dead:
+            return
+        log.error("the engine is lost: %s", reason)
         self.dead = True
         for rid, queue in self.queues.items():
-            queue.put_nowait(RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=ENGINE_GONE))
+            queue.put_nowait(
+                RequestDelta(
+                    rid=rid, token_ids=[], finish_reason="error", error=ENGINE_GONE, error_code=ENGINE_DEAD
+                )
+            )
+        if self.on_lost is not None:
+            self.on_lost()
 
     async def close(self) -> None:
         self.closed = True  # handlers still finishing must not send on closed sockets

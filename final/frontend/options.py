@@ -17,6 +17,11 @@ SAMPLING_GROUP_HELP = (
     "generation_config.json, then the built-in value."
 )
 PUBLIC_PATHS = ("/health", "/metrics", "/openapi.json", "/docs")  # what --public-paths may name
+# runtime/heartbeat.py's and server/timeouts.py's defaults, written out so that `--help` imports
+# neither torch nor uvicorn; tests/test_final_server_engine_loss.py keeps them equal.
+DEFAULT_READ_TIMEOUT_S = 30.0
+DEFAULT_SILENCE_S = 10.0
+DEFAULT_STEP_TIMEOUT_S = 600.0
 
 
 def comma_list(text: str) -> tuple[str, ...]:
@@ -98,6 +103,31 @@ class ServeOptions:
         "CORS: web origins that may call the API from a browser (comma list, or *); default: none",
         group=SERVER,
         parse=comma_list,
+    )
+    allowed_hosts: tuple[str, ...] | None = option(
+        None,
+        "host names the Host header may carry (comma list, or *), besides IP addresses, localhost, "
+        "the --host name and, when bound beyond loopback, this machine's names; guards against DNS "
+        "rebinding; default: none more",
+        group=SERVER,
+        parse=comma_list,
+    )
+    read_timeout: float = option(
+        DEFAULT_READ_TIMEOUT_S,
+        "seconds a client may take to send a request's headers, and then its body (a 408)",
+        group=SERVER,
+    )
+    engine_silence_timeout: float = option(
+        DEFAULT_SILENCE_S,
+        "seconds the engine process may show no sign of life (stopped, frozen) before the server "
+        "ends every request with 503 engine_dead and exits with status 3",
+        group=SERVER,
+    )
+    engine_step_timeout: float = option(
+        DEFAULT_STEP_TIMEOUT_S,
+        "seconds one engine step may run before the engine counts as hung (as above); it must "
+        "outlast the longest prefill and a GPU's first-use kernel compiles; 0: no limit",
+        group=SERVER,
     )
     shell: bool = option(False, "chat in this terminal instead of serving HTTP", group=SERVER)
     log_level: str | None = option(

@@ -7,4 +7,5 @@ that does); the rest is process management, apart from the step itself (final/en
     worker.py    one other rank's process: it runs the executor's step as rank 0 sends them
     node.py      another machine of a multi-node --tp: it starts and watches its ranks only
     watchdog.py  heartbeats and the watchdog that notices a lost rank
+    heartbeat.py the engine process's pulse, so the frontend can tell it is alive and stepping
 """

@@ -9,11 +9,14 @@ runs one step, sends the step's token ids, and blocks only when it has nothing t
 It never outlives the frontend, nor hangs on it (lifeline.py): the kernel kills it when its parent
 dies, its sends time out and look for a Shutdown or a dead parent, and the frontend's `shutdown`
 escalates from a Shutdown message to SIGTERM to SIGKILL, each after a bounded wait. A failure
-handling one request's message fails that request alone.
+handling one request's message fails that request alone. A thread beats a heartbeat, and the loop
+counts its steps, in a `Pulse` the frontend watches (heartbeat.py): a frozen engine, or one stuck
+in a step, is noticed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -34,6 +37,7 @@ from ..core.errors import UserError
 from ..core.logs import setup_logging
 from ..engine.core import EngineCore
 from ..engine.messages import (
+    ENGINE_DEAD,
     AbortRequest,
     AddRequest,
     EngineInfo,
@@ -43,6 +47,7 @@ from ..engine.messages import (
     StepOutputs,
 )
 from .build import build_engine
+from .heartbeat import Heartbeat, Pulse
 from .lifeline import EngineExit, Inbox, Outbox, ParentWatch, die_with_parent
 from .ranks import FAILED_EXIT_CODE as ENGINE_FAILED_EXIT  # a lost tensor-parallel rank
 
@@ -61,6 +66,7 @@ class EngineProcess:
     output_addr: str
     info: EngineInfo
     socket_dir: str
+    pulse: Pulse | None = None  # its heartbeat and step counters (heartbeat.py), for the frontend's watch
 
     def is_alive(self) -> bool:
         return self.process.is_alive()
@@ -115,9 +121,10 @@ def launch_engine(
     request_addr, output_addr = f"ipc://{socket_dir}/requests", f"ipc://{socket_dir}/outputs"
     ctx = mp.get_context("spawn")
     ready: Any = ctx.Queue()
+    pulse = Pulse.create(ctx)
     process = ctx.Process(
         target=engine_main,
-        args=(config, str(model_dir), request_addr, output_addr, ready, log_level),
+        args=(config, str(model_dir), request_addr, output_addr, ready, log_level, pulse),
         name="final-engine",
         daemon=True,
     )
@@ -141,11 +148,17 @@ def launch_engine(
         process.join(10)
         shutil.rmtree(socket_dir, ignore_errors=True)
         raise UserError(payload)
-    return EngineProcess(process, request_addr, output_addr, payload, socket_dir)
+    return EngineProcess(process, request_addr, output_addr, payload, socket_dir, pulse)
 
 
 def engine_main(
-    config: EngineConfig, model_dir: str, request_addr: str, output_addr: str, ready: Any, log_level: str
+    config: EngineConfig,
+    model_dir: str,
+    request_addr: str,
+    output_addr: str,
+    ready: Any,
+    log_level: str,
+    pulse: Pulse | None = None,
 ) -> None:
     # Ctrl-C in the terminal reaches every process of the group. It is the frontend's to handle
     # (the shell stops an answer, the server shuts down and then stops us); we ignore it.
@@ -167,9 +180,11 @@ def engine_main(
     requests, outputs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     requests.bind(request_addr)
     outputs.bind(output_addr)
+    if pulse is not None:
+        Heartbeat(pulse).start()  # a daemon thread: it ends with the process
     ready.put(("ready", core.info()))
     try:
-        serve(core, requests, outputs, parent)
+        serve(core, requests, outputs, parent, pulse)
     except EngineExit as reason:
         log.info("engine exiting: %s", reason)
     finally:
@@ -179,7 +194,13 @@ def engine_main(
         ctx.term()
 
 
-def serve(core: EngineCore, requests: zmq.Socket, outputs: zmq.Socket, parent: ParentWatch) -> None:
+def serve(
+    core: EngineCore,
+    requests: zmq.Socket,
+    outputs: zmq.Socket,
+    parent: ParentWatch,
+    pulse: Pulse | None = None,
+) -> None:
     """The loop, until EngineExit (a Shutdown message, or the frontend gone)."""
     inbox = Inbox(requests)
     outbox = Outbox(outputs, inbox, parent)
@@ -208,18 +229,31 @@ def serve(core: EngineCore, requests: zmq.Socket, outputs: zmq.Socket, parent: P
                 outbox.send(reply)
         if core.has_work() or core.failed:
             try:
-                deltas += core.step()
+                deltas += timed_step(core, pulse)
             except Exception as err:  # keep serving: fail the requests in flight, not the server
                 if not core.failed:  # (a lost rank was logged, with its reason, when it was found)
                     log.error("engine step failed:\n%s", traceback.format_exc())
-                deltas += core.fail_all(f"the engine failed: {type(err).__name__}: {err}")
+                failed = core.fail_all(f"the engine failed: {type(err).__name__}: {err}")
                 if core.failed:  # a tensor-parallel rank is lost: tell the clients, then exit
+                    deltas += [dataclasses.replace(d, error_code=ENGINE_DEAD) for d in failed]
                     outbox.send(StepOutputs(deltas))
                     raise SystemExit(ENGINE_FAILED_EXIT) from err
+                deltas += failed
             if parent.gone():
                 raise EngineExit("the frontend is gone")
         if deltas:
             outbox.send(StepOutputs(deltas))
+
+
+def timed_step(core: EngineCore, pulse: Pulse | None) -> list[RequestDelta]:
+    """One step, counted in the pulse, so the frontend can tell a long step from a hung one."""
+    if pulse is None:
+        return core.step()
+    pulse.step_begins()
+    try:
+        return core.step()
+    finally:
+        pulse.step_ends()
 
 
 def handle(core: EngineCore, msg: object) -> object | None:

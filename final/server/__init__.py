@@ -3,10 +3,13 @@
 launch.py       python -m final: start the engine process, then uvicorn; a bounded shutdown
 app.py          routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics
 openai_api.py   the two generation endpoints, streamed (SSE) or not
-body.py         reading a body: JSON only, size cap, valid Unicode, parsed off the loop if large
+body.py         reading a body: JSON only, size cap, read timeout, valid Unicode
+request_body.py a body to a request: list sizes counted first, large ones parsed off the loop
+timeouts.py     slow clients: a request's headers must arrive within --read-timeout
+hosts.py        the Host header must name this server (DNS rebinding)
 protocol.py     request bodies: strict types and ranges, the unsupported fields refused (400)
 prompts.py      prompt token ids: over-long text refused early, tokenizing off the event loop
-admission.py    sequences in flight: atomic, 503 when full, 400 when a request never fits
+admission.py    sequences in flight: atomic, 503 when full, 400 past one request's share
 generation.py   limits, one request's round trip, abort
 security.py     the API key, CORS, the warning for open binds;  openapi.py  /openapi.json
 formatting.py   usage, logprobs and SSE frames;  errors.py  OpenAI error bodies

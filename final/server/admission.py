@@ -7,8 +7,11 @@ once a stream's body began, so a burst slipped through). The places are held by 
 the response is done, whatever ends it (a streamed one through `TicketedStream`); releasing
 twice is a no-op.
 
-A request that asks for more sequences (prompts x n) than the limit can never be served: that is
-a 400 naming the limit, not a 503 a retrying client would loop on.
+One request may hold at most `per_request` places (the server gives --max-running-requests, what
+the engine runs at once): a single request of 80 prompts x n=16 used to take every place of the
+server for half a minute, and everyone else got 503s. A request asking for more sequences (prompts
+x n) than its share can never be served: that is a 400 naming the limit, not a 503 a retrying
+client would loop on.
 """
 
 from __future__ import annotations
@@ -33,15 +36,16 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, per_request: int | None = None):
         self.limit = limit
+        self.per_request = limit if per_request is None else min(per_request, limit)
         self.in_use = 0
         self.closing = False  # set when the server starts shutting down
 
     # --8<-- [start:reserve]
     def reserve(self, count: int) -> Ticket:
-        if count > self.limit:
-            raise never_fits(count, self.limit)
+        if count > self.per_request:
+            raise never_fits(count, self.per_request)
         if self.closing:
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
         if self.in_use + count > self.limit:

@@ -13,10 +13,12 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..frontend.client import AsyncEngineClient
+from ..frontend.engine_monitor import EngineMonitor, Liveness
 from ..runtime.process import EngineProcess
 from . import security
-from .errors import APIError
+from .errors import APIError, internal_error
 from .generation import ClientGone
+from .hosts import HostCheckMiddleware
 from .openai_api import chat_completions, completions
 from .openapi import build_openapi
 from .state import ServerState
@@ -34,18 +36,28 @@ def create_app(
     public_paths: Collection[str] = security.OPTIONAL_PUBLIC_PATHS,
     allowed_origins: Collection[str] = (),
     on_ready: Callable[[ServerState], None] | None = None,
+    host_names: frozenset[str] | None = frozenset(),
+    liveness: Liveness | None = None,
+    on_engine_lost: Callable[[], None] | None = None,
 ) -> FastAPI:
+    """`host_names`: what the Host header may name besides IP addresses and localhost (hosts.py;
+    None: anything). `on_engine_lost`: called once, on the event loop, when the engine is lost."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The client's sockets belong to the server's event loop, so they are made here.
         client = AsyncEngineClient(engine)
+        client.on_lost = on_engine_lost
         client.start()
+        monitor = EngineMonitor(engine, liveness or Liveness(), client.engine_lost)
+        monitor.start()
         app.state.server = state = make_state(client)
         if on_ready is not None:
             on_ready(state)
         try:
             yield
         finally:
+            await monitor.stop()
             await client.close()
 
     app = FastAPI(
@@ -108,6 +120,7 @@ def create_app(
     # check and CORS sit outside, so a request without the key never reaches a route.
     app.add_middleware(InternalErrorMiddleware)
     security.install(app, api_key, public_paths, allowed_origins)
+    app.add_middleware(HostCheckMiddleware, names=host_names)  # outermost: before CORS and the key
     return app
 
 
@@ -144,9 +157,8 @@ class InternalErrorMiddleware:
         except ClientGone:  # normal: the request was aborted, nobody is there to answer
             log.info("client went away: %s %s aborted", scope.get("method"), scope.get("path"))
         except Exception as err:
-            log.exception("unexpected error serving %s", scope.get("path"))
+            body = internal_error(err, f"serving {scope.get('path')}")
             if not started:
-                body = APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error")
                 await body.response()(scope, receive, send)
 
 

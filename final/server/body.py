@@ -10,19 +10,28 @@ Everything here answers a 4xx in OpenAI's shape and leaves the connection usable
   deeper than the parser's recursion limit, and lone UTF-16 surrogates (`"\\ud800"`: valid JSON
   escapes, but not text a tokenizer can encode) are 400s.
 
-Large bodies are decoded in a worker thread so the event loop keeps serving everyone else.
+request_body.py decodes large bodies in a worker thread, after which it counts and validates them.
+
+A body must arrive within --read-timeout of its headers (timeouts.py bounds the headers): a 408
+`request_timeout` otherwise, and the connection is closed. A client that goes away before its body
+is complete is normal, not an error of the server: one INFO line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from typing import Any
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
-from .errors import bad_request, too_large, unsupported_media_type
+from .errors import bad_request, request_timeout, too_large, unsupported_media_type
+from .generation import ClientGone
+
+log = logging.getLogger(__name__)
 
 THREAD_ABOVE_BYTES = 64 * 1024  # decode bodies larger than this off the event loop
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \ud800 .. \udfff, in either case
@@ -35,17 +44,31 @@ def check_content_type(request: Request) -> None:
         raise unsupported_media_type(content_type)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(int(declared), limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(None if declared is None else size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(None if declared is None else size, limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        log.info("%s %s: the body did not arrive within %.0f s; closing the connection",
+                 request.method, request.url.path, timeout)  # fmt: skip
+        raise request_timeout(timeout) from None  # type: ignore[arg-type]
+    except ClientDisconnect:
+        log.info(
+            "%s %s: the client went away before sending its whole body", request.method, request.url.path
+        )
+        raise ClientGone from None
 
 
 def _reject_constant(name: str) -> Any:
@@ -72,12 +95,3 @@ def decode_json(body: bytes) -> Any:
                 "its pair), which is not valid Unicode text"
             ) from None
     return value
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    """The decoded JSON body of a POST, or an APIError (415, 413, 400)."""
-    check_content_type(request)
-    body = await read_body(request, limit)
-    if len(body) > THREAD_ABOVE_BYTES:
-        return await asyncio.to_thread(decode_json, body)
-    return decode_json(body)

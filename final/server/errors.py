@@ -7,9 +7,13 @@ FastAPI's 422 shape.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
 
 from fastapi.responses import JSONResponse
+
+log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -31,6 +35,8 @@ class APIError(Exception):
         headers = {"Retry-After": "1"} if self.status == 503 else None
         if self.status == 401:
             headers = {"WWW-Authenticate": "Bearer"}
+        if self.status == 408:  # the rest of the body may still come: this connection is done
+            headers = {"Connection": "close"}
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
@@ -44,6 +50,14 @@ def too_large(size: int | None, limit: int) -> APIError:
         413,
         f"the request body is too large: {got}, the limit is {limit} bytes (--max-request-bytes)",
         code="request_too_large",
+    )
+
+
+def request_timeout(timeout: float) -> APIError:
+    return APIError(
+        408,
+        f"the request body did not arrive within {timeout:g} s (--read-timeout)",
+        code="request_timeout",
     )
 
 
@@ -66,8 +80,8 @@ def unauthorized() -> APIError:
 def never_fits(asked: int, limit: int) -> APIError:
     return APIError(
         400,
-        f"this request asks for {asked} sequences (prompts x n) but the server runs at most {limit} "
-        f"at once (--max-running-requests + --max-waiting-requests); split it into smaller requests",
+        f"this request asks for {asked} sequences (prompts x n) but one request may have at most "
+        f"{limit} (--max-running-requests); split it into smaller requests",
         param="n",
         code="too_many_sequences",
     )
@@ -76,7 +90,7 @@ def never_fits(asked: int, limit: int) -> APIError:
 def overloaded(in_flight: int, limit: int) -> APIError:
     return APIError(
         503,
-        f"the server is overloaded: {in_flight} requests in flight, the limit is {limit} "
+        f"the server is overloaded: {in_flight} sequences (prompts x n) in flight, the limit is {limit} "
         f"(--max-running-requests + --max-waiting-requests); retry later",
         type="server_error",
         code="server_overloaded",
@@ -90,3 +104,28 @@ def model_not_found(asked: str, served: str) -> APIError:
         param="model",
         code="model_not_found",
     )
+
+
+def engine_dead() -> APIError:
+    return APIError(
+        503,
+        "the engine process has stopped; the server is exiting (run it under a supervisor that restarts it)",
+        type="server_error",
+        code="engine_dead",
+    )
+
+
+def engine_failed() -> APIError:
+    return APIError(
+        500,
+        "the engine failed while running this request; the server log has the details",
+        type="server_error",
+        code="engine_error",
+    )
+
+
+def internal_error(err: BaseException, where: str) -> APIError:
+    """A 500 for a bug: the traceback goes to the log under a reference the client is given."""
+    ref = uuid.uuid4().hex[:12]
+    log.error("unexpected error %s (ref %s)", where, ref, exc_info=err)
+    return APIError(500, f"internal error (ref {ref}); the server log has the details", type="server_error")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from ..frontend.tokenizer import Tokenizer
@@ -36,15 +37,38 @@ def chat_logprobs(
     return {"content": content}
 
 
+class TextOffsets:
+    """Where each token of an answer starts in its text (the legacy `text_offset`).
+
+    A token moves the offset by what it adds to the decoded text, with the tokens before it as
+    context: nothing for a special token (in `tokens`, never in the text), one character for the
+    bytes of a multi-byte character together. Summing the tokens' own lengths (what it was) put
+    every offset after `<|endoftext|>` 13 characters too far."""
+
+    CONTEXT = 6  # tokens decoded before the new one: a character spans at most 4 bytes
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]):
+        self.tokenizer = tokenizer
+        self.window: list[int] = list(prompt_ids[-self.CONTEXT :])
+        self.length = 0  # characters of the answer so far
+
+    def take(self, token_id: int) -> int:
+        """The offset of this token, the answer's next one."""
+        offset = self.length
+        before = self.tokenizer.decode(self.window) if self.window else ""
+        after = self.tokenizer.decode([*self.window, token_id])
+        self.length += max(0, len(after) - len(before))
+        self.window = [*self.window, token_id][-self.CONTEXT :]
+        return offset
+
+
 def completion_logprobs(
-    tokenizer: Tokenizer, token_ids: list[int], entries: list[dict[str, Any]], text_offset: int = 0
+    tokenizer: Tokenizer, token_ids: list[int], entries: list[dict[str, Any]], offsets: TextOffsets
 ) -> dict[str, Any]:
     """The legacy format: parallel lists of tokens, their logprobs, top-n dicts and text offsets."""
-    tokens, token_logprobs, top, offsets = [], [], [], []
-    offset = text_offset
+    tokens, token_logprobs, top, text_offset = [], [], [], []
     for token_id, entry in zip(token_ids, entries, strict=False):
-        text = tokenizer.token_text(token_id)
-        tokens.append(text)
+        tokens.append(tokenizer.token_text(token_id))
         token_logprobs.append(entry["token_logprob"])
         top.append(
             {
@@ -52,9 +76,13 @@ def completion_logprobs(
                 for i, lp in zip(entry["top_ids"], entry["top_logprobs"], strict=True)
             }
         )
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+        text_offset.append(offsets.take(token_id))
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top,
+        "text_offset": text_offset,
+    }
 
 
 def sse(data: dict[str, Any] | str) -> str:

@@ -15,16 +15,20 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig
 from ..core.errors import UserError
+from ..frontend.engine_monitor import Liveness
 from ..frontend.options import ServeOptions
 from ..frontend.sampling_defaults import sampling_flags
 from ..frontend.startup import Frontend, start_frontend
+from ..models.source import DEFAULT_MODEL_ALIASES
 from . import security
 from .app import StateFactory, create_app
+from .hosts import accepted_host_names
 from .state import ServerState
 
 if TYPE_CHECKING:
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 5  # connections still open this long after the signal are cut
+ENGINE_LOST_EXIT = 3  # the engine died or hung (the status of an engine process that lost a rank, too)
 SHUTDOWN_MESSAGE = "the server is shutting down"
 
 
@@ -45,6 +50,13 @@ def check_port_free(host: str, port: int) -> None:
         raise UserError(
             f"cannot serve on {host}:{port}: {err.strerror or err}; choose another --port"
         ) from err
+
+
+def default_served_name(model: str | None, model_dir: Path) -> str:
+    """A hub id as given (Qwen/Qwen3-0.6B: its local folder is a snapshot hash), else the folder's name."""
+    if model is not None and model not in DEFAULT_MODEL_ALIASES and not Path(model).expanduser().exists():
+        return model
+    return model_dir.name
 
 
 def make_uvicorn_server(config: uvicorn.Config, on_exit: Callable[[], None]) -> uvicorn.Server:
@@ -71,6 +83,13 @@ def serve(args: ServeOptions, config: EngineConfig) -> int:
             raise UserError(f"--max-waiting-requests must be >= 0, got {args.max_waiting_requests}")
         if args.max_request_bytes < 1024:
             raise UserError(f"--max-request-bytes must be >= 1024, got {args.max_request_bytes}")
+        for flag in ("read_timeout", "engine_silence_timeout"):
+            if not getattr(args, flag) > 0:
+                raise UserError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+        if args.engine_step_timeout < 0:
+            raise UserError(
+                f"--engine-step-timeout must be >= 0 (0: no limit), got {args.engine_step_timeout}"
+            )
 
     frontend = start_frontend(
         config,
@@ -81,22 +100,27 @@ def serve(args: ServeOptions, config: EngineConfig) -> int:
         sampling_flags=sampling_flags(args),
     )
     try:
-        run_http(args, config, frontend, api_key, log_level)
+        code = run_http(args, config, frontend, api_key, log_level)
     finally:
         log.info("stopping the engine")
         frontend.close()
         log.info("stopped")
-    return 0
+    return code
 
 
 def run_http(
     args: ServeOptions, config: EngineConfig, frontend: Frontend, api_key: str | None, log_level: str
-) -> None:
+) -> int:
+    """Serve until a signal (exit status 0) or the loss of the engine (ENGINE_LOST_EXIT)."""
     import uvicorn
 
+    from .timeouts import timed_h11_protocol  # uvicorn's protocol, subclassed
+
     engine, model_dir, defaults = frontend.engine, frontend.model_dir, frontend.sampling_defaults
-    served = args.served_model_name or model_dir.name
-    accepted = {served, model_dir.name, str(model_dir)} | ({config.model} if config.model else set())
+    served = args.served_model_name or default_served_name(config.model, model_dir)
+    # Only the served name: accepting the folder's path too made `model` an oracle for where the
+    # model lives on this machine (the right path answered 200, any other 404).
+    accepted = {served}
     frontend.tokenizer.max_token_chars  # noqa: B018 (computed now, not on the first request)
     state = StateFactory(
         tokenizer=frontend.tokenizer,
@@ -105,6 +129,8 @@ def run_http(
         accepted_model_names=accepted,
         max_in_flight=config.max_running_requests + args.max_waiting_requests,
         max_request_bytes=args.max_request_bytes,
+        max_per_request=config.max_running_requests,
+        read_timeout=args.read_timeout,
         sampling_defaults=defaults,
     )
     info = engine.info
@@ -140,6 +166,12 @@ def run_http(
         if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_closed():
             loop.call_soon_threadsafe(stop_requests)
 
+    lost: list[bool] = []
+
+    def on_engine_lost() -> None:  # on the event loop, once: the requests in flight are failed already
+        lost.append(True)
+        uv_server.should_exit = True  # uvicorn drains them (GRACEFUL_SHUTDOWN_S at most), then we exit
+
     app = create_app(
         state,
         engine,
@@ -147,6 +179,11 @@ def run_http(
         public_paths=args.public_paths,
         allowed_origins=args.allowed_origins or (),
         on_ready=on_ready,
+        host_names=accepted_host_names(
+            args.host, args.allowed_hosts or (), not security.is_loopback(args.host)
+        ),
+        liveness=Liveness(args.engine_silence_timeout, args.engine_step_timeout),
+        on_engine_lost=on_engine_lost,
     )
     uv_config = uvicorn.Config(
         app,
@@ -154,5 +191,12 @@ def run_http(
         port=args.port,
         log_level=log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        http=timed_h11_protocol(args.read_timeout),
     )
-    make_uvicorn_server(uv_config, on_exit).run()
+    uv_server = make_uvicorn_server(uv_config, on_exit)
+    uv_server.run()
+    if lost:
+        log.error("the engine was lost: exiting with status %d so that a supervisor restarts the server",
+                  ENGINE_LOST_EXIT)  # fmt: skip
+        return ENGINE_LOST_EXIT
+    return 0

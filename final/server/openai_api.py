@@ -21,15 +21,16 @@ from fastapi.responses import JSONResponse, Response
 
 from ..core.errors import UserError
 from ..core.sampling_params import SamplingParams
+from ..engine.messages import ENGINE_DEAD
 from ..frontend.request_state import OutputDelta, RequestState
 from ..frontend.sampling_defaults import fit_default_max_tokens
 from .admission import Ticket, TicketedStream
-from .body import read_json
-from .errors import APIError, bad_request, model_not_found
-from .formatting import SSE_DONE, chat_logprobs, completion_logprobs, sse, usage
+from .errors import APIError, bad_request, engine_dead, engine_failed, internal_error, model_not_found
+from .formatting import SSE_DONE, TextOffsets, chat_logprobs, completion_logprobs, sse, usage
 from .generation import ClientGone, Job, check_request, generate_many, sampling_for_choice
 from .prompts import chat_prompt, completion_prompts
-from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest, parse
+from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest
+from .request_body import read_request
 from .state import ServerState
 
 log = logging.getLogger(__name__)
@@ -78,13 +79,17 @@ class Choice:
 
 
 def _engine_error(request: RequestState) -> APIError:
-    """What a request the engine failed (or refused) tells its client."""
+    """What a request the engine failed (or refused) tells its client. The engine's own words are
+    for the log: they name processes, signals and exceptions."""
     message = request.error or "the engine failed"
     if request.error_code == "invalid_request":  # the engine's own check refused the input
         return bad_request(message)
     if request.error_code == "shutting_down":
         return APIError(503, message, type="server_error", code="shutting_down")
-    return APIError(500, message, type="server_error", code="engine_error")
+    if request.error_code == ENGINE_DEAD:  # logged once, where the loss was found
+        return engine_dead()
+    log.error("request %d failed in the engine: %s", request.rid, message)
+    return engine_failed()
 
 
 async def _collect(state: ServerState, jobs: list[Job], http: Request) -> tuple[list[Choice], int]:
@@ -128,8 +133,7 @@ async def _stream(
     except ClientGone:
         return  # nobody to send to; generate() has aborted the requests
     except Exception as err:  # the headers are sent: end the stream with an error event
-        log.exception("unexpected error while streaming")
-        yield sse(APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error").body())
+        yield sse(internal_error(err, "while streaming").body())
         yield SSE_DONE
 
 
@@ -142,7 +146,9 @@ async def _serve(
     """Parse, check the model, take the request's places, respond; give the places back unless a
     stream now owns them."""
     state: ServerState = http.app.state.server
-    req = parse(model, await read_json(http, state.max_request_bytes))
+    if state.client.dead:
+        raise engine_dead()
+    req = await read_request(http, state, model)
     check_model(state, req.model)
     ticket = state.admission.reserve(req.num_sequences())
     handed_over = False
@@ -255,12 +261,17 @@ async def _completion(state: ServerState, req: CompletionRequest, http: Request,
                     {
                         "index": i,
                         "text": c.text,
-                        "logprobs": completion_logprobs(state.tokenizer, c.token_ids, c.logprobs)
+                        "logprobs": completion_logprobs(
+                            state.tokenizer,
+                            c.token_ids,
+                            c.logprobs,
+                            TextOffsets(state.tokenizer, job.prompt_ids),
+                        )
                         if want_logprobs
                         else None,
                         "finish_reason": c.finish_reason,
                     }
-                    for i, c in enumerate(choices)
+                    for i, (c, job) in enumerate(zip(choices, jobs, strict=True))
                 ],
                 "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices), cached),
             }
@@ -269,7 +280,7 @@ async def _completion(state: ServerState, req: CompletionRequest, http: Request,
     base = {**head, "object": "text_completion"}
     if req.include_usage:
         base["usage"] = None
-    offsets = [0] * len(jobs)  # text_offset of each choice's next token
+    offsets = [TextOffsets(state.tokenizer, job.prompt_ids) for job in jobs]  # of each choice's next token
 
     def chunk(index: int, out: OutputDelta) -> list[dict]:
         if not (out.text or out.finish_reason or (want_logprobs and out.token_ids)):
@@ -277,7 +288,6 @@ async def _completion(state: ServerState, req: CompletionRequest, http: Request,
         lp = None
         if want_logprobs:
             lp = completion_logprobs(state.tokenizer, out.token_ids, out.logprobs, offsets[index])
-            offsets[index] += sum(len(t) for t in lp["tokens"])
         choice = {"index": index, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
         return [{**base, "choices": [choice]}]
 

@@ -42,15 +42,20 @@ async def _tokenize(work: Callable[[], T], param: str) -> T:
 
 
 async def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    messages = [{"role": m.template_role(), "content": m.text()} for m in req.messages]
-    check_text_length(state, sum(len(m["content"]) for m in messages), "messages")
-    return await _tokenize(lambda: state.tokenizer.encode_chat(messages), "messages")
+    def work() -> list[int]:  # the messages are built in the thread too: there may be 2048 of them
+        messages = [{"role": m.template_role(), "content": m.text()} for m in req.messages]
+        check_text_length(state, sum(len(m["content"]) for m in messages), "messages")
+        return state.tokenizer.encode_chat(messages)
+
+    return await _tokenize(work, "messages")
 
 
 async def completion_prompts(state: ServerState, req: CompletionRequest) -> list[list[int]]:
-    prompts = req.prompts()
-    texts = [p for p in prompts if isinstance(p, str)]
-    for text in texts:
-        check_text_length(state, len(text), "prompt")
-    encoded = iter(await _tokenize(lambda: [state.tokenizer.encode(t) for t in texts], "prompt"))
-    return [next(encoded) if isinstance(p, str) else list(p) for p in prompts]
+    def work() -> list[list[int]]:
+        prompts = req.prompts()
+        for text in prompts:
+            if isinstance(text, str):
+                check_text_length(state, len(text), "prompt")
+        return [state.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+
+    return await _tokenize(work, "prompt")

@@ -26,6 +26,7 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # a stop string is matched against the text at every token
 MAX_STOP_TOKEN_IDS = 64
+MAX_MESSAGES = 2048  # chat messages, and their content parts in all (counted before validation)
 INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32 device tensors
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # OpenAI's range for seed (a torch.Generator takes it)
 
@@ -50,7 +51,7 @@ class TextPart(StrictModel):
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant"]
     # A string, or content parts of which only text is supported.
-    content: str | Annotated[list[TextPart], Field(min_length=1)]
+    content: str | Annotated[list[TextPart], Field(min_length=1, max_length=MAX_MESSAGES)]
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -135,7 +136,7 @@ class ChatCompletionRequest(CommonFields):
         }
     )
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     max_completion_tokens: int | None = Field(
         None, ge=1, le=INT32_MAX, description="the newer name of max_tokens; wins when both are given"

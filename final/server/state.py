@@ -21,13 +21,15 @@ class ServerState:
     accepted_model_names: set[str]  # what `model` may say: the served name, the --model value
     max_in_flight: int  # --max-running-requests + --max-waiting-requests, in sequences
     max_request_bytes: int  # --max-request-bytes
+    max_per_request: int  # the most sequences one request may hold: --max-running-requests
+    read_timeout: float  # --read-timeout: how long a request's body may take to arrive
     metrics: Metrics = field(default_factory=Metrics)
     # what a request gets for the sampling parameters it leaves out (frontend/sampling_defaults.py)
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     admission: Admission = field(init=False)
 
     def __post_init__(self) -> None:
-        self.admission = Admission(self.max_in_flight)
+        self.admission = Admission(self.max_in_flight, self.max_per_request)
 
     @property
     def max_prompt_chars(self) -> int:

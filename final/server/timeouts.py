@@ -1,0 +1,71 @@
+"""Slow clients: a request must arrive whole within --read-timeout, or its connection is closed.
+
+uvicorn bounds an idle keep-alive connection (5 s) but not a request on its way in: a client that
+opens a connection and sends its headers a byte at a time (slowloris), or never sends the body its
+Content-Length announced, holds a connection, and a file handle, for as long as it likes; a few
+thousand such clients exhaust the server's file handles. So:
+
+- the headers: uvicorn's HTTP/1.1 protocol (h11) is given a timer, armed when a connection opens
+  and again when a response is done (the next request's headers on a kept-alive connection), and
+  cancelled once the request's headers are complete; when it fires, the connection is closed, with
+  one INFO line (there is no request yet to answer);
+- the body: `body.read_body` reads it under the same limit, counted from the end of the headers,
+  and answers 408 `request_timeout`, closing the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger(__name__)
+
+DEFAULT_READ_TIMEOUT_S = 30.0  # what --read-timeout defaults to (see args.py)
+
+
+def timed_h11_protocol(header_timeout: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing a connection whose request headers take longer than
+    `header_timeout` seconds to arrive."""
+
+    class TimedH11Protocol(H11Protocol):
+        head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+            super().connection_made(transport)  # type: ignore[arg-type]
+            self._arm_head_timer()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # the request's headers are complete
+                self._cancel_head_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self._arm_head_timer()  # the next request on this connection has the same bound
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_timer()
+            super().connection_lost(exc)
+
+        def _arm_head_timer(self) -> None:
+            self._cancel_head_timer()
+            self.head_timer = self.loop.call_later(header_timeout, self._head_timed_out)
+
+        def _cancel_head_timer(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self.head_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+                log.info("closing the connection of %s: no complete request headers within %.0f s "
+                         "(--read-timeout)", client, header_timeout)  # fmt: skip
+                self.transport.close()
+
+    return TimedH11Protocol
