@@ -95,8 +95,14 @@ def nanovllm_engine(model: Path, attn: str):
     return generate
 
 
-def final_engine(model: Path, attn: str):
+def final_engine(model: Path, attn: str, final_path: Path | None = None):
+    if final_path is not None:  # another version of final/ (bench_versus --base): imported from there
+        sys.path.insert(0, str(final_path))
+        assert "final" not in sys.modules, "final/ was imported before --final-path could take effect"
     import final
+
+    if final_path is not None:
+        assert Path(final.__file__).resolve().is_relative_to(final_path.resolve()), final.__file__
 
     # As final/ serves: CUDA graphs and overlap on (their defaults on a GPU), page size 16 with fi
     # (the size every GPU result of final/ uses), the attention backend asked for.
@@ -155,7 +161,10 @@ def child(args: argparse.Namespace) -> None:
     from stages.common.hardware import describe, versions
     from stages.common.workloads import latency
 
-    generate = ENGINES[args.engine](args.model, args.attn)
+    if args.final_path is not None:
+        generate = final_engine(args.model, args.attn, args.final_path)
+    else:
+        generate = ENGINES[args.engine](args.model, args.attn)
     if args.workload == "latency":
         vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
         item = latency(vocab, args.seed, args.scale).items[0]
@@ -229,6 +238,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--name", required=True, help="result name, e.g. ladder_minisgl_h200")
+    parser.add_argument(
+        "--final-path",
+        type=Path,
+        default=None,
+        help="with --engine final: a folder holding another final/ to measure",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

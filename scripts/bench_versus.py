@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -41,9 +40,9 @@ BASE = "final-base"  # --base: an older final/, measured beside them
 MEASURES = {"offline": ("output_tok_per_s", True), "latency": ("decode_step_ms", False)}
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None) -> None:
+def run(cmd: list[str]) -> None:
     print(f"[bench_versus] {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    code = subprocess.run(cmd, cwd=ROOT).returncode
     if code != 0:
         raise SystemExit(f"[bench_versus] failed (exit code {code}): {shlex.join(cmd)}")
 
@@ -52,19 +51,15 @@ def peer_run(engine: str, workload: str, args: argparse.Namespace, tmp: Path) ->
     """One fresh-process run of bench_peer.py; its result file's content. `final-base` is final/
     imported from --base's folder."""
     name = f"{engine}_{workload}".replace("-", "_")
-    env = None
-    if engine == BASE:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(args.base), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        }
-        engine = "final"
-    cmd = [sys.executable, "scripts/bench_peer.py", "--engine", engine, "--workload", workload]
+    extra = []
+    if engine == BASE:  # final/ imported from --base's folder (bench_peer.py checks it was)
+        engine, extra = "final", ["--final-path", str(args.base)]
+    cmd = [sys.executable, "scripts/bench_peer.py", "--engine", engine, "--workload", workload, *extra]
     # --scale shrinks the offline workload only: the batch-1 step is a difference of two calls,
     # which needs its full 128 tokens.
     scale = args.scale if workload == "offline" else 1.0
     cmd += ["--model", str(args.model), "--attn", args.attn, "--scale", str(scale)]
-    run(cmd + ["--out", str(tmp), "--name", name], env)
+    run(cmd + ["--out", str(tmp), "--name", name])
     return json.loads((tmp / f"{name}.json").read_text())
 
 

@@ -78,6 +78,10 @@ ckpt8=checkpoints/qwen3-8b-random
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[abhl][0-9]+' | head -1 | tr A-Z a-z)
 gpu=${GPU_TAG:-${gpu:-gpu}}
 results=benchmarks/results/$gpu
+# The commit measured: a lent host's copy of the tree does not carry this checkout's git state, so
+# write it beside the tree before the call (`git describe --always --dirty --abbrev=12 > .bench-commit`,
+# carried with the call) and every result records it (stages/common/hardware.py, BENCH_GIT_COMMIT).
+[ -f .bench-commit ] && export BENCH_GIT_COMMIT=${BENCH_GIT_COMMIT:-$(cat .bench-commit)}
 # Every result of this call carries the same id: the results page compares only rows that share it.
 export BENCH_RUN_ID=${BENCH_RUN_ID:-gpu-$(date -u +%Y%m%dT%H%M%SZ)-$gpu}
 bench() { $py -m stages.common.bench --device cuda --dtype bfloat16 --model $ckpt --out $results --no-progress "$@"; }

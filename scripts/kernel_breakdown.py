@@ -45,7 +45,10 @@ CATEGORY_RULES: tuple[tuple[str, str], ...] = (
         r"sampling|argmax|argmin|topk|top_k|sort|softmax|multinomial|exponential|distribution|philox",
     ),
     ("gemm", r"gemm|gemv|nvjet|cublas|cutlass|xmma|matmul|splitk"),
-    ("copy/index", r"memcpy|memset|copy|fill|index|gather|scatter|catarray|embedding|arange"),
+    (
+        "copy/index",
+        r"memcpy|memset|copy|fill|index|indices|gather|scatter|catarray|embedding|arange|decode_inputs",
+    ),
     ("elementwise", r"elementwise|reduce_kernel|functor|scan|triton_poi|triton_red|triton_per|_kernel_cuda"),
 )
 CATEGORIES = (*(name for name, _ in CATEGORY_RULES), "other")

@@ -5,6 +5,7 @@ on a tiny checkpoint and Mini-SGLang is the stand-in of tests/test_bench_peer.py
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,10 +44,12 @@ def test_a_cpu_run_gives_one_json_with_both_engines(tmp_path: Path) -> None:
     peer, _ = stand_in_peer(tmp_path)
     model = make_tiny_checkpoint(tmp_path / "tiny", "qwen3", max_position_embeddings=2048)
     log, out = tmp_path / "seen.jsonl", tmp_path / "out"
+    base = tmp_path / "base"
+    shutil.copytree(ROOT / "final", base / "final", ignore=shutil.ignore_patterns("__pycache__"))
     env = {"PYTHONPATH": f"{peer}:{ROOT}", "STAND_IN_LOG": str(log), "BENCH_RUN_ID": "call-9",
            "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}  # fmt: skip
     cmd = [sys.executable, "scripts/bench_versus.py", "--model", str(model), "--out", str(out), "--gpu", "cpu",
-           "--repeats", "1", "--scale", "0.01", "--attn", "torch", "--kernel-batches"]  # fmt: skip
+           "--repeats", "1", "--scale", "0.01", "--attn", "torch", "--kernel-batches", "--base", str(base)]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((out / "versus_minisgl_cpu.json").read_text())
@@ -56,3 +59,6 @@ def test_a_cpu_run_gives_one_json_with_both_engines(tmp_path: Path) -> None:
     assert latency["ratio"] == pytest.approx(latency["mini-sglang"] / latency["final"])
     assert offline["final"] > 0 and latency["final"] > 0  # final/ really ran: the stand-in is not it
     assert "kernels" not in data  # --kernel-batches with no value: no profile
+    # the base ran from its own folder (bench_peer.py asserts where final/ came from)
+    assert offline["vs_base"] == pytest.approx(offline["final"] / offline["base"])
+    assert "--final-path" in done.stderr

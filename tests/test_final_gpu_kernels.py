@@ -394,7 +394,7 @@ def test_engine_kernels_on_equal_kernels_off(request, monkeypatch, arch, attn):
     for kernels in (False, True):
         with monkeypatch.context() as patch:
             if kernels:
-                patch.setattr(gemv, "GEMV_MAX_M", 8)
+                patch.setattr(gemv, "GEMV_MAX_M_BY_WIDTH", ((1 << 30, 8),))
             else:
                 patch.setattr(qk_norm_rope_kv, "available", lambda qkv: False)
                 patch.setattr(kv_write, "use_triton", lambda x: False)

@@ -231,7 +231,7 @@ def test_dispatch_keeps_the_cpu_on_the_references(monkeypatch):
         monkeypatch.setattr(module, name, refuse)
     x = torch.randn(2, 8).half()
     assert torch.equal(gemv.linear(x, x), torch.nn.functional.linear(x, x))
-    monkeypatch.setattr(gemv, "GEMV_MAX_M", 8)
+    monkeypatch.setattr(gemv, "GEMV_MAX_M_BY_WIDTH", ((1 << 30, 8),))
     assert torch.equal(gemv.linear(x, x), torch.nn.functional.linear(x, x))
     cache = torch.zeros(4, 1, 8).half()
     kv_write.store_kv(cache, cache.clone(), torch.tensor([1, 3]), x.view(2, 1, 8), x.view(2, 1, 8))

@@ -24,7 +24,10 @@ def long_context_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_default_budget_is_per_device(long_context_model: Path) -> None:
-    assert resolve_config(EngineConfig(device="cpu"), long_context_model).max_prefill_length == CPU_PREFILL_BUDGET
+    assert (
+        resolve_config(EngineConfig(device="cpu"), long_context_model).max_prefill_length
+        == CPU_PREFILL_BUDGET
+    )
     assert CPU_PREFILL_BUDGET <= 512 < GPU_PREFILL_BUDGET  # seconds of CPU per step at most
     given = EngineConfig(device="cpu", max_prefill_length=1000)
     assert resolve_config(given, long_context_model).max_prefill_length == 1000
@@ -35,7 +38,9 @@ def test_streams_get_a_token_every_step_while_a_long_prompt_is_prefilled(long_co
     streams = [llm.add_request([5 + i, 6, 7, 8], SamplingParams(temperature=0, ignore_eos=True, max_tokens=200)) for i in range(8)]  # fmt: skip
     while llm.core.scheduler.num_waiting or any(r.num_generated == 0 for r in llm.core.scheduler.running):
         llm.step()  # the streams are admitted and decoding
-    long = llm.add_request([3 + i % 400 for i in range(LONG_PROMPT)], SamplingParams(temperature=0, max_tokens=2))
+    long = llm.add_request(
+        [3 + i % 400 for i in range(LONG_PROMPT)], SamplingParams(temperature=0, max_tokens=2)
+    )
     before = {rid: llm.core.scheduler.by_rid[rid].num_generated for rid in streams}
     steps = 0
     while llm.core.scheduler.by_rid[long].num_generated == 0:

@@ -274,6 +274,8 @@ KNOWN_KERNELS = [  # (name in a trace, short name, category)
     ("store_kv_kernel", "store_kv_kernel", "kv-store"),
     ("fused_qk_norm_rope_store_kv_kernel", "fused_qk_norm_rope_store_kv_kernel", "kv-store"),
     ("gemv_kernel", "gemv_kernel", "gemm"),
+    ("decode_inputs_kernel", "decode_inputs_kernel", "copy/index"),
+    ("kv_indices_kernel", "kv_indices_kernel", "copy/index"),
     ("void my_own_kernel<3>(float*)", "my_own_kernel", "other"),
 ]
 

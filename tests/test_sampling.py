@@ -280,7 +280,10 @@ def reference_distribution(logits: torch.Tensor, p) -> torch.Tensor:
     "kwargs, chain",
     [
         ({}, ["softmax", "sampling_from_probs"]),
-        ({"top_k": 3}, ["softmax", "top_k_sampling_from_probs"]),
+        (
+            {"top_k": 3},
+            ["softmax", "top_k_renorm_probs", "sampling_from_probs"],
+        ),  # not top_k_sampling: see _filters
         ({"top_p": 0.7}, ["softmax", "top_p_sampling_from_probs"]),
         ({"min_p": 0.2}, ["softmax", "min_p_sampling_from_probs"]),
         ({"top_k": 4, "top_p": 0.8}, ["softmax", "top_k_renorm_probs", "top_p_sampling_from_probs"]),

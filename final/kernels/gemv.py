@@ -9,9 +9,13 @@ N = 1,024 rows make hundreds of programs and every SM streams its share; the x r
 by every program, from L2. Splitting K over programs as well (split-K) would need a second kernel
 or atomics to add the partial sums, and rows alone already give enough programs for these shapes.
 
-Used only below a measured batch size: GEMV_MAX_M is 0 (off) until scripts/bench_kernels.py has
-measured where the kernel beats cuBLAS on the GPU, and GEMV_MAX_N keeps it off the LM head
-(151,936 rows, which cuBLAS reads at 4 TB/s) unless measured otherwise.
+Used only below a measured batch size, which depends on the output's width (`gemv_max_m`): with
+few output features cuBLAS has few tiles to spread and the kernel wins up to 4 rows; with many it
+wins at one row only. Measured on an H200 (benchmarks/results/h200/kernels_h200.json, the `gemv`
+rows; scripts/bench_kernels.py prints the thresholds it finds) at Qwen3-0.6B's shapes, cuBLAS
+against the kernel, µs at M = 1: o_proj 10.5 / 2.3, down_proj 7.1 / 3.1, qkv 4.0 / 3.4, gate_up
+5.1 / 3.7, the LM head 77.6 / 71.5; the kernel still won at M = 4 on o_proj and down_proj, at
+M = 2 on qkv, and lost at M = 2 on gate_up and the LM head.
 """
 
 from __future__ import annotations
@@ -24,8 +28,22 @@ import torch.nn.functional as F
 
 from . import next_power_of_2, use_triton
 
-GEMV_MAX_M = 0  # the largest token count that takes the kernel (0: never); set from the benchmark
-GEMV_MAX_N = 65536  # output features above this stay with cuBLAS (the LM head) unless measured
+# (largest output width, largest token count that takes the kernel there), narrowest first: where
+# the kernel beat cuBLAS on the H200 (see above). Wider than the last entry: cuBLAS always.
+GEMV_MAX_M_BY_WIDTH: tuple[tuple[int, int], ...] = ((2048, 4), (4096, 2), (1 << 20, 1))
+# Tiles that beat the default at M = 1 on the H200 (the `best_config` of the `gemv` rows), by
+# (N, K): Qwen3-0.6B's qkv_proj, gate_up_proj, down_proj and LM head.
+MEASURED_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {
+    (4096, 1024): (2, 1024, 4),
+    (6144, 1024): (8, 512, 4),
+    (1024, 3072): (1, 4096, 4),
+    (151936, 1024): (2, 1024, 4),
+}
+
+
+def gemv_max_m(n: int) -> int:
+    """The most rows x may have for the kernel to serve an output of n features (0: never)."""
+    return next((m for width, m in GEMV_MAX_M_BY_WIDTH if n <= width), 0)
 
 
 class GemvConfig(NamedTuple):
@@ -37,7 +55,10 @@ class GemvConfig(NamedTuple):
 def default_config(m: int, n: int, k: int) -> GemvConfig:
     """A tile of about 4,096 weights (32 a thread at 4 warps), as much of K as that allows, so that
     most rows take a single loop step with all their loads in flight at once; 2 rows a program up
-    to N = 2,048 (at least 512 programs for N = 1,024), 4 above (x is reloaded per program)."""
+    to N = 2,048 (at least 512 programs for N = 1,024), 4 above (x is reloaded per program). At one
+    row, the tile measured fastest for the shape if there is one (MEASURED_CONFIGS)."""
+    if m == 1 and (n, k) in MEASURED_CONFIGS:
+        return GemvConfig(*MEASURED_CONFIGS[n, k])
     block_n = 2 if n <= 2048 else 4
     return GemvConfig(block_n, min(next_power_of_2(k), 4096 // block_n), 4)
 
@@ -131,8 +152,7 @@ def triton_linear(
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         x.dim() == 2
-        and 0 < x.shape[0] <= GEMV_MAX_M  # read at each call: a test or the benchmark may set it
-        and weight.shape[0] <= GEMV_MAX_N
+        and 0 < x.shape[0] <= gemv_max_m(weight.shape[0])
         and weight.dtype == x.dtype
         and weight.stride(1) == 1
         and use_triton(x)
@@ -140,7 +160,7 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through the GEMV kernel where it was measured faster (see GEMV_MAX_M)."""
+    """F.linear, through the GEMV kernel where it was measured faster (see gemv_max_m)."""
     if use_gemv(x, weight):
         return triton_linear(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -7,7 +7,7 @@ is and raises a probability floor until the draw lands inside the filter, so not
 The chain, in the reference's order:
 
     probs = softmax(logits / temperature)      flashinfer.sampling.softmax, a temperature per row
-    top-k                                      top_k_renorm_probs, or top_k_sampling_from_probs last
+    top-k                                      top_k_renorm_probs (then sampling_from_probs if last)
     top-p                                      top_p_renorm_probs, or top_p_sampling_from_probs last
     min-p                                      min_p_sampling_from_probs (always last)
     none of them                               sampling_from_probs
@@ -69,14 +69,19 @@ def flashinfer_sample(
         probs = renorm(probs, value)
     if not active:
         return fi.sampling_from_probs(probs, indices=row_index)
-    _, sample, value = active[-1]
+    renorm, sample, value = active[-1]
+    if sample is None:  # top-k last: renormalize, then draw from what is left
+        return fi.sampling_from_probs(renorm(probs, value), indices=row_index)
     return sample(probs, value, indices=row_index)
 
 
 def _filters(fi: ModuleType) -> tuple[tuple, tuple, tuple]:
     """(renorm, sample) per filter, in the reference's order: top-k, top-p, min-p."""
+    # No top_k_sampling_from_probs: on an H200 (FlashInfer 0.7.2.post1, 2026-11-25) it drew tokens
+    # outside the top k (tests/test_final_gpu_kernels.py, top_k=5 alone: several percent of the
+    # draws), while top_k_renorm_probs followed by a plain draw keeps to them.
     return (
-        (fi.top_k_renorm_probs, fi.top_k_sampling_from_probs),
+        (fi.top_k_renorm_probs, None),
         (fi.top_p_renorm_probs, fi.top_p_sampling_from_probs),
         (None, fi.min_p_sampling_from_probs),
     )

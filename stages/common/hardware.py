@@ -79,8 +79,15 @@ def versions() -> dict[str, Any]:
     return out
 
 
+GIT_COMMIT_ENV = "BENCH_GIT_COMMIT"
+
+
 def git_commit() -> str | None:
-    """The checkout's commit, with "-dirty" when tracked files differ from it."""
+    """The checkout's commit, with "-dirty" when tracked files differ from it. $BENCH_GIT_COMMIT,
+    when set, wins: a lent GPU host receives a copy of the working tree whose git metadata is not
+    the checkout's (there `git` names an older commit, "-dirty"), so the caller passes the commit."""
+    if os.environ.get(GIT_COMMIT_ENV):
+        return os.environ[GIT_COMMIT_ENV]
     try:
         commit = _git("rev-parse", "--short=12", "HEAD")
         dirty = _git("status", "--porcelain", "--untracked-files=no")
