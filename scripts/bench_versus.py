@@ -115,6 +115,25 @@ def assemble(
     return out
 
 
+def flat_metrics(out: dict[str, Any]) -> dict[str, float]:
+    """The comparison as the results' flat `metrics` (what the docs' result() reads): per workload
+    each engine's figure and the ratio, per kernel table each engine's GPU microseconds a step."""
+    metrics: dict[str, float] = {}
+    for workload in MEASURES:
+        if workload in out:
+            r = out[workload]
+            metrics |= {f"{workload}_final": r["final"], f"{workload}_minisgl": r["mini-sglang"], f"{workload}_ratio": r["ratio"]}  # fmt: skip
+            if "base" in r:
+                metrics |= {f"{workload}_base": r["base"], f"{workload}_vs_base": r["vs_base"]}
+    for row in out.get("kernels", []):
+        case = f"kernels_b{row['batch']}_t{round(10 * row['temperature']):02d}"  # t06: temperature 0.6
+        metrics[f"{case}_final_us"] = row["final"]["gpu_us_per_step"]
+        if row["mini-sglang"] is not None:
+            metrics[f"{case}_minisgl_us"] = row["mini-sglang"]["gpu_us_per_step"]
+            metrics[f"{case}_ratio"] = row["gpu_us_ratio"]
+    return metrics
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
@@ -178,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         **assemble(runs, kernels),
     }
+    result["metrics"] = flat_metrics(result)
     stamp_run_id(result)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{result['name']}.json"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scripts import bench_versus
+from scripts.results_model import parse_result
 from tests.fixtures.tiny_models import make_tiny_checkpoint
 from tests.stage_list import ROOT
 from tests.test_bench_peer import stand_in_peer
@@ -37,6 +38,11 @@ def test_ratios_say_final_is_ahead_above_one() -> None:
     assert out["latency"]["ratio"] == 1.5  # a shorter step is ahead: theirs over ours
     assert out["offline"]["vs_base"] == 1.25 and out["latency"]["vs_base"] == 1.25  # what the change bought
     assert out["kernels"][0]["gpu_us_ratio"] == pytest.approx(1.2)
+    metrics = bench_versus.flat_metrics(out)
+    assert metrics["offline_ratio"] == 2.0 and metrics["latency_vs_base"] == 1.25
+    assert metrics["kernels_b1_t00_final_us"] == 1500.0 and metrics["kernels_b1_t00_ratio"] == pytest.approx(
+        1.2
+    )
 
 
 @pytest.mark.slow
@@ -53,6 +59,7 @@ def test_a_cpu_run_gives_one_json_with_both_engines(tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((out / "versus_minisgl_cpu.json").read_text())
+    parse_result(data, "versus_minisgl_cpu.json")  # a result the docs can render
     assert data["run_id"] == "call-9" and data["config"]["repeats"] == 1
     offline, latency = data["offline"], data["latency"]
     assert offline["ratio"] == pytest.approx(offline["final"] / offline["mini-sglang"])
