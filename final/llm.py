@@ -106,7 +106,8 @@ class LLM:
         rid = self.next_rid
         self.next_rid += 1  # never reused, even when the engine refuses the request
         self.core.add_request(rid, ids, sampling)
-        self.requests[rid] = RequestState(rid, ids, sampling, self.tokenizer)
+        # The offline API hands out text only with a finished output: decode it once, at the end.
+        self.requests[rid] = RequestState(rid, ids, sampling, self.tokenizer, text_at_end=True)
         return rid
 
     def _drop(self, rids: Sequence[int]) -> None:

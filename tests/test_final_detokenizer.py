@@ -81,3 +81,40 @@ def test_decode_goes_through_hf_where_hf_does_more(tiny_tokenizer_dir):
 
     hf.__class__ = OwnDecode
     assert _direct_decode(hf) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Text decoded once at the end (the offline API) is the streamed text
+
+
+@pytest.mark.parametrize("which", ["tiny", "default"])
+def test_text_decoded_at_the_end_is_the_streamed_text(which, request):
+    """RequestState(text_at_end=True), what LLM.generate uses for requests without stop strings,
+    decodes all tokens in one push at the finish: the same text as token by token, on random
+    token ids (multi-byte pieces and special tokens included) after random prompts."""
+    from final.core.sampling_params import SamplingParams
+    from final.engine.messages import RequestDelta
+    from final.frontend.request_state import RequestState
+
+    folder = request.getfixturevalue("tiny_tokenizer_dir" if which == "tiny" else "default_model_dir")
+    tok = Tokenizer(folder)
+    rng = random.Random(11)
+    vocab = len(tok.hf)
+    for case in range(150):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 8))]
+        output = [rng.randrange(vocab) for _ in range(rng.randint(1, 60))]
+        texts = []
+        for at_end in (False, True):
+            state = RequestState(
+                case, prompt, SamplingParams(max_tokens=len(output)), tok, text_at_end=at_end
+            )
+            for i, token in enumerate(output):
+                last = i == len(output) - 1
+                state.apply(
+                    RequestDelta(rid=case, token_ids=[token], finish_reason="length" if last else None)
+                )
+            assert state.finished
+            texts.append(state.output.text)
+        assert texts[0] == texts[1], (prompt, output)
+    with_stop = RequestState(0, [1], SamplingParams(stop=["x"]), tok, text_at_end=True)
+    assert not with_stop.text_at_end  # a stop string needs the text as it comes

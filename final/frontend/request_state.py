@@ -27,10 +27,23 @@ class OutputDelta:
 
 
 class RequestState:
-    def __init__(self, rid: int, prompt_ids: Sequence[int], params: SamplingParams, tokenizer: Tokenizer):
+    """`text_at_end`: the caller reads the text only once the request has finished (the offline
+    `LLM.generate`): a request without stop strings then decodes its tokens once, at the end, in
+    one push through the same detokenizer (the same text: tests/test_final_detokenizer.py), instead
+    of twice per token while the engine waits for the host. Streaming callers get text per delta."""
+
+    def __init__(
+        self,
+        rid: int,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        tokenizer: Tokenizer,
+        text_at_end: bool = False,
+    ):
         self.rid = rid
         self.params = params
         self.stream = TextStream(tokenizer, prompt_ids, params.stop)
+        self.text_at_end = text_at_end and not params.stop
         self.output = RequestOutput(prompt_ids=list(prompt_ids))
         self.arrival = time.perf_counter()
         self.error: str | None = None
@@ -63,6 +76,8 @@ class RequestState:
             if delta.logprobs is not None:
                 out.logprobs.append(delta.logprobs[i])
                 new.logprobs.append(delta.logprobs[i])
+            if self.text_at_end:
+                continue  # decoded once, when the request finishes
             piece, hit_stop = self.stream.push([token])
             new.text += piece
             if hit_stop:
@@ -72,6 +87,8 @@ class RequestState:
         if len(out.token_ids) and not out.ttft_s:
             out.ttft_s = out.token_times[0]
         if not self.finished and delta.finish_reason is not None:
+            if self.text_at_end:
+                new.text += self.stream.push(out.token_ids)[0]
             new.text += self.stream.finish()
             out.finish_reason = new.finish_reason = delta.finish_reason
         if self.finished:
