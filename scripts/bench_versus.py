@@ -109,6 +109,10 @@ def assemble(
         }
         if theirs is not None:
             row["gpu_us_ratio"] = ratio(mine["gpu_us_per_step"], theirs["gpu_us_per_step"], False)
+        key = (mine["batch"], mine["temperature"])
+        before = [t for t in kernels.get(BASE, []) if (t["batch"], t["temperature"]) == key]
+        if before:  # the older final/ of --base: the kernel table before the change
+            row["final-base"] = before[0]
         tables.append(row)
     if tables:
         out["kernels"] = tables
@@ -131,6 +135,8 @@ def flat_metrics(out: dict[str, Any]) -> dict[str, float]:
         if row["mini-sglang"] is not None:
             metrics[f"{case}_minisgl_us"] = row["mini-sglang"]["gpu_us_per_step"]
             metrics[f"{case}_ratio"] = row["gpu_us_ratio"]
+        if "final-base" in row:
+            metrics[f"{case}_base_us"] = row["final-base"]["gpu_us_per_step"]
     return metrics
 
 
@@ -164,13 +170,15 @@ def main(argv: list[str] | None = None) -> None:
                 for engine in engines:  # alternating: a drift of the machine falls on all of them
                     runs[engine][workload].append(peer_run(engine, workload, args, tmp))
         if args.kernel_batches:
-            for engine in ENGINES:
+            for engine in engines:
                 path = tmp / f"kernels_{engine}.json"
+                name, extra = ("final", ["--final-path", str(args.base)]) if engine == BASE else (engine, [])
                 cmd = [
                     sys.executable,
                     "scripts/kernel_table.py",
                     "--engine",
-                    engine,
+                    name,
+                    *extra,
                     "--model",
                     str(args.model),
                 ]

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # before scripts/, whose stages.py would shadow the stages package
 
 from scripts import kernel_breakdown as kb  # noqa: E402
-from scripts.bench_peer import ENGINES  # noqa: E402
+from scripts.bench_peer import ENGINES, final_engine  # noqa: E402
 
 PROMPT_TOKENS = 512
 TOP_KERNELS = 30
@@ -84,8 +84,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.6])
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--json", type=Path, required=True, help="where the tables go (a JSON list)")
+    parser.add_argument(
+        "--final-path", type=Path, default=None, help="with --engine final: another final/'s folder"
+    )
     args = parser.parse_args(argv)
-    generate = ENGINES[args.engine](args.model, args.attn)
+    if args.final_path is not None:
+        generate = final_engine(args.model, args.attn, args.final_path)
+    else:
+        generate = ENGINES[args.engine](args.model, args.attn)
     vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
     rng = random.Random(0)
     tables = []

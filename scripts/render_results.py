@@ -29,7 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts import generated, results_attention, results_ladder, results_plots, results_versus  # noqa: E402
+from scripts import (  # noqa: E402
+    generated,
+    results_attention,
+    results_kernels,
+    results_ladder,
+    results_plots,
+    results_versus,
+)
 from scripts.results_model import (  # noqa: E402, F401  (re-exported: the tests and other scripts use them)
     DIRTY_MARK,
     DIRTY_NOTE,
@@ -64,6 +71,9 @@ ALL_RESULTS = GENERATED_DIR / "all_results.md"
 LADDER = GENERATED_DIR / "ladder.md"
 PERFORMANCE_LADDER = GENERATED_DIR / "performance_ladder.md"  # for docs/serving/performance.md
 PERFORMANCE_VERSUS = GENERATED_DIR / "performance_versus.md"
+PERFORMANCE_KERNELS = (
+    GENERATED_DIR / "performance_kernels.md"
+)  # final/ against Mini-SGLang, by kernel category
 LADDER_PLOT = PLOTS_DIR / "ladder.png"
 # The attention page's own table and plot (docs/serving/attention.md; scripts/results_attention.py).
 ATTENTION = GENERATED_DIR / "attention_backends.md"
@@ -224,6 +234,7 @@ def render_markdown(root: Path = ROOT) -> dict[Path, str]:
     pages[LADDER] = results_ladder.render(ladder, f"assets/plots/{LADDER_PLOT.name}")
     pages[PERFORMANCE_LADDER] = results_ladder.render(ladder, f"../assets/plots/{LADDER_PLOT.name}")
     pages[PERFORMANCE_VERSUS] = results_versus.render(results)
+    pages[PERFORMANCE_KERNELS] = results_kernels.render(Path(root) / RESULTS_DIR)
     if (Path(root) / "final").is_dir():
         pages[ATTENTION] = results_attention.render(results, f"../assets/plots/{ATTENTION_PLOT.name}")
     return pages

@@ -32,6 +32,7 @@ def test_ratios_say_final_is_ahead_above_one() -> None:
     kernels = {
         "final": [{"batch": 1, "temperature": 0.0, "gpu_us_per_step": 1500.0}],
         "mini-sglang": [{"batch": 1, "temperature": 0.0, "gpu_us_per_step": 1800.0}],
+        "final-base": [{"batch": 1, "temperature": 0.0, "gpu_us_per_step": 2000.0}],
     }
     out = bench_versus.assemble(runs, kernels)
     assert out["offline"]["final"] == 200.0 and out["offline"]["ratio"] == 2.0  # the median, over theirs
@@ -40,6 +41,10 @@ def test_ratios_say_final_is_ahead_above_one() -> None:
     assert out["kernels"][0]["gpu_us_ratio"] == pytest.approx(1.2)
     metrics = bench_versus.flat_metrics(out)
     assert metrics["offline_ratio"] == 2.0 and metrics["latency_vs_base"] == 1.25
+    assert (
+        metrics["kernels_b1_t00_base_us"] == 2000.0
+        and out["kernels"][0]["final-base"]["gpu_us_per_step"] == 2000.0
+    )
     assert metrics["kernels_b1_t00_final_us"] == 1500.0 and metrics["kernels_b1_t00_ratio"] == pytest.approx(
         1.2
     )

@@ -1,0 +1,92 @@
+"""Kernel by kernel: one decode step of final/ against Mini-SGLang's, GPU microseconds per category,
+from the kernel tables of a `versus_minisgl_<gpu>.json` (scripts/bench_versus.py, kernel_table.py).
+
+Per GPU, one table: a row per category of scripts/kernel_breakdown.py, a column pair (final/,
+Mini-SGLang) per measured case (batch 1 and 256, greedy and temperature 0.6), and a third column
+for the final/ of `--base` (the engine before the change) when that run measured one. final/'s
+fused q/k-norm + RoPE + K/V-write kernel is one kernel, counted under kv-store, where Mini-SGLang
+runs three (norm, rope, kv-store): the row "norm + rope + kv-store" compares the three together.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from scripts.kernel_breakdown import CATEGORIES
+from scripts.results_model import HEADER
+
+COMBINED = ("norm", "rope", "kv-store")
+ENGINES = (("final-base", "before"), ("final", "final/"), ("mini-sglang", "Mini-SGLang"))
+
+
+def versus_files(results_dir: Path) -> dict[str, dict[str, Any]]:
+    """GPU name (H200, ...) -> the newest versus result that has kernel tables."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(results_dir.glob("*/versus_minisgl_*.json")):
+        data = json.loads(path.read_text())
+        if not data.get("kernels"):
+            continue
+        gpu = str(data.get("hardware", {}).get("gpu") or path.parent.name).replace("NVIDIA ", "")
+        if gpu not in found or data.get("timestamp", "") > found[gpu].get("timestamp", ""):
+            found[gpu] = data
+    return dict(sorted(found.items()))
+
+
+def case_name(row: dict[str, Any]) -> str:
+    t = row["temperature"]
+    return f"batch {row['batch']}, {'greedy' if t == 0 else f'temperature {t:g}'}"
+
+
+def us(value: float) -> str:
+    return f"{value:,.1f}" if abs(value) >= 0.05 else "0"
+
+
+def cell(table: dict[str, Any] | None, category: str | None) -> str:
+    if table is None:
+        return "—"
+    by = table["by_category_us"]
+    if category is None:
+        return us(table["gpu_us_per_step"])
+    if category == "+".join(COMBINED):
+        return us(sum(by.get(c, 0.0) for c in COMBINED))
+    return us(by.get(category, 0.0))
+
+
+def render_gpu(gpu: str, data: dict[str, Any]) -> list[str]:
+    rows = data["kernels"]
+    engines = [(key, label) for key, label in ENGINES if any(row.get(key) for row in rows)]
+    head = ["Category"] + [f"{case_name(row)}: {label}" for row in rows for _, label in engines]
+    out = [f"### {gpu}", "", "| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    used = [c for c in CATEGORIES if any(abs(row[k]["by_category_us"].get(c, 0.0)) >= 0.05 for row in rows for k, _ in engines if row.get(k))]  # fmt: skip
+    for category in [*used, "+".join(COMBINED), None]:
+        label = "**total, GPU µs a step**" if category is None else category.replace("+", " + ")
+        out.append(
+            "| "
+            + " | ".join([label] + [cell(row.get(k), category) for row in rows for k, _ in engines])
+            + " |"
+        )
+    kernels = [us(row[k]["kernels_per_step"]) if row.get(k) else "—" for row in rows for k, _ in engines]
+    out.append("| kernels a step | " + " | ".join(kernels) + " |")
+    when = data.get("timestamp", "")[:10]
+    commit = data.get("versions", {}).get("git_commit", "?")
+    out += ["", f"`{data['name']}`, {when}, commit `{commit}`, run `{data.get('run_id', '?')}`.", ""]
+    return out
+
+
+def render(results_dir: Path) -> str:
+    files = versus_files(Path(results_dir))
+    out = [HEADER, ""]
+    if not files:
+        out.append("No kernel tables yet: `bash scripts/gpu_run.sh versus` measures them.")
+        return "\n".join(out) + "\n"
+    for gpu, data in files.items():
+        out += render_gpu(gpu, data)
+    out.append(
+        "GPU microseconds of one decode step (512-token prompts in the prefix cache; the difference of "
+        "a 1-token and a 17-token call, over 16 steps), from the torch profiler. final/'s fused "
+        "q/k-norm + RoPE + K/V write is one kernel, counted under kv-store; Mini-SGLang's three "
+        "count under norm, rope and kv-store: the combined row compares them."
+    )
+    return "\n".join(out) + "\n"

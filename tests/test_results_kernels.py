@@ -1,0 +1,54 @@
+"""scripts/results_kernels.py: the Performance page's kernel table, from a versus result's tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scripts import results_kernels
+
+
+def table(total: float, **by: float) -> dict:
+    return {"gpu_us_per_step": total, "kernels_per_step": 100.0, "by_category_us": by}
+
+
+def write_versus(folder: Path, with_base: bool) -> None:
+    row = {"batch": 1, "temperature": 0.0, "final": table(90.0, gemm=50.0, **{"kv-store": 30.0}, norm=10.0),
+           "mini-sglang": table(100.0, gemm=50.0, **{"kv-store": 20.0}, norm=20.0, rope=10.0)}  # fmt: skip
+    if with_base:
+        row["final-base"] = table(120.0, gemm=60.0, **{"kv-store": 40.0}, norm=20.0)
+    data = {"name": "versus_minisgl_h200", "timestamp": "2026-11-25T00:00:00Z", "run_id": "c1",
+            "hardware": {"gpu": "NVIDIA H200"}, "versions": {"git_commit": "abc"}, "kernels": [row]}  # fmt: skip
+    (folder / "h200").mkdir(parents=True, exist_ok=True)
+    (folder / "h200" / "versus_minisgl_h200.json").write_text(json.dumps(data))
+
+
+def rows(page: str) -> dict[str, list[str]]:
+    lines = [line for line in page.splitlines() if line.startswith("| ") and "---" not in line]
+    return {
+        cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines)
+    }
+
+
+def test_categories_side_by_side_and_the_fused_kernels_compared_together(tmp_path: Path) -> None:
+    write_versus(tmp_path, with_base=True)
+    page = results_kernels.render(tmp_path)
+    got = rows(page)
+    assert got["Category"] == [
+        "batch 1, greedy: before",
+        "batch 1, greedy: final/",
+        "batch 1, greedy: Mini-SGLang",
+    ]
+    assert got["gemm"] == ["60.0", "50.0", "50.0"] and got["rope"] == ["0", "0", "10.0"]
+    assert got["norm + rope + kv-store"] == ["60.0", "40.0", "50.0"]  # 30 + 10 against 20 + 10 + 20
+    assert got["**total, GPU µs a step**"] == ["120.0", "90.0", "100.0"]
+    assert "### H200" in page and "`versus_minisgl_h200`" in page
+
+
+def test_without_a_base_there_is_no_before_column(tmp_path: Path) -> None:
+    write_versus(tmp_path, with_base=False)
+    assert rows(results_kernels.render(tmp_path))["Category"] == [
+        "batch 1, greedy: final/",
+        "batch 1, greedy: Mini-SGLang",
+    ]
+    assert "No kernel tables yet" in results_kernels.render(tmp_path / "empty")
