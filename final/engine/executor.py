@@ -81,7 +81,7 @@ class Executor:
             runner.backend.name,
         )
         # Only rank 0 samples; the others keep an (unused) sampler so that every rank is alike.
-        self.sampler = Sampler(resolved.max_running_requests + 1, device)
+        self.sampler = Sampler(resolved.max_running_requests + 1, device, resolved.model.vocab_size)
 
     def _measure_graphs(self, max_batch: int) -> int:
         """Capture every graph against a one-page scratch pool and return the device memory the

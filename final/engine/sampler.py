@@ -1,6 +1,7 @@
 """The sampler: from a batch of logits to a batch of next tokens, each row under its own params.
 
-Order of operations (the same as vLLM and SGLang): divide by the temperature, keep the top-k
+Order of operations (the same as vLLM and SGLang): apply the penalties (penalties.py), divide by
+the temperature, keep the top-k
 logits, keep the smallest set of tokens whose probability reaches top-p, drop tokens whose
 probability is below min-p times the largest, then draw. Temperature 0 is greedy. An all-greedy
 batch (the common serving case) is one argmax, with no sort and no softmax.
@@ -30,6 +31,7 @@ from ..core.errors import UserError
 from ..core.sampling_params import INT32_MAX, SamplingParams
 from ..kernels import sampling as sampling_kernels
 from ..scheduler.request import Request
+from .penalties import Penalties
 
 # Below this temperature a draw is an argmax in all but name, and dividing by it overflows the
 # logits: such requests are sampled greedily.
@@ -129,8 +131,9 @@ def min_p_mask(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 class Sampler:
     """Per-row sampling parameters on the device, and the batched draw."""
 
-    def __init__(self, num_rows: int, device: torch.device):
+    def __init__(self, num_rows: int, device: torch.device, vocab_size: int):
         self.device = device
+        self.penalties = Penalties(num_rows, vocab_size, device)
         self.temperature = torch.ones(num_rows, device=device)
         # No top-k is stored as INT32_MAX: at or above the vocabulary, which keeps every token
         # in the reference and in FlashInfer's kernels alike.
@@ -163,6 +166,7 @@ class Sampler:
                 continue
             try:
                 self.admit(row, req.params)
+                self.penalties.admit(row, req.params, req.prompt_ids, req.output_ids)
             except Exception as err:
                 failed.append((req, err))
                 continue
@@ -205,18 +209,22 @@ class Sampler:
     ) -> SampleOutput:
         """The next token of every row of `logits` [S, vocab]; request i sits in page-table row
         rows[i] and has `params[i]` (read on the host only to choose which filters run)."""
+        penalized = self.penalties.needed(params)  # False: not one kernel more than without them
+        scores = self.penalties.apply(logits, rows, params) if penalized else logits
         greedy = [is_greedy(p) for p in params]
         if all(greedy):
-            tokens = logits.argmax(dim=-1)
+            tokens = scores.argmax(dim=-1)
         else:
-            if sampling_kernels.available(logits) and all(g is None for g in generators):
-                drawn = self._flashinfer_draw(logits, rows, params)
+            if sampling_kernels.available(scores) and all(g is None for g in generators):
+                drawn = self._flashinfer_draw(scores, rows, params)
             else:
-                drawn = self._reference_draw(logits.float(), rows, params, generators)
+                drawn = self._reference_draw(scores.float(), rows, params, generators)
             # argmax only when some row is greedy: a batch of sampled rows skips it
             if any(greedy):
-                drawn = torch.where(torch.index_select(self.greedy, 0, rows), logits.argmax(dim=-1), drawn)
+                drawn = torch.where(torch.index_select(self.greedy, 0, rows), scores.argmax(dim=-1), drawn)
             tokens = drawn
+        if penalized:
+            self.penalties.record(rows, tokens)
         return SampleOutput(tokens=tokens, logprobs=_logprobs(logits, tokens, params))
 
     def _reference_draw(
@@ -268,7 +276,7 @@ def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None] | None = None
 ) -> SampleOutput:
     """The sampler without a device table: rows 0..S-1 of a throwaway one (tests, one-off use)."""
-    sampler = Sampler(len(params), logits.device)
+    sampler = Sampler(len(params), logits.device, logits.shape[-1])
     for row, p in enumerate(params):
         sampler.admit(row, p)
     rows = torch.arange(len(params), device=logits.device)

@@ -62,6 +62,9 @@ def sampling_params(
             stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
         )
     except UserError as err:
         raise bad_request(str(err)) from None

@@ -8,7 +8,8 @@ never an overflow inside the engine), and no number is NaN or infinite.
 Every field is declared; an undeclared one is rejected (extra="forbid") with a 400 naming it,
 so a client never believes a feature works when it is ignored. Fields whose defaults OpenAI
 clients send, or that change nothing at their neutral value, are accepted at that value only
-(presence_penalty=0, frequency_penalty=0, logit_bias={}, echo=false, response_format text).
+(logit_bias={}, echo=false, response_format text). The penalties have OpenAI's ranges (presence and
+frequency in [-2, 2]) and vLLM's for repetition_penalty (> 0, an extension).
 A JSON null means "not given", as in OpenAI's API. The same models produce /openapi.json
 (openapi.py), so the published schema is the one requests are checked against.
 """
@@ -98,20 +99,13 @@ class CommonFields(StrictModel):
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")
     user: str | None = None  # an end-user id for the client's own records; changes no output
-    presence_penalty: float = _only(0.0)
-    frequency_penalty: float = _only(0.0)
-    repetition_penalty: float = _only(1.0)  # extension
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, description="extension: > 1 discourages repeats")
     logit_bias: dict[str, float] = Field(default_factory=dict, json_schema_extra={"maxProperties": 0})
 
     @model_validator(mode="after")
     def _neutral_only(self) -> CommonFields:
-        for name, neutral in [
-            ("presence_penalty", 0.0),
-            ("frequency_penalty", 0.0),
-            ("repetition_penalty", 1.0),
-        ]:
-            if getattr(self, name) != neutral:
-                raise ValueError(f"{name} is not supported (only {neutral:g})")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported (only {})")
         if self.stream_options is not None and not self.stream:
