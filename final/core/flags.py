@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -54,6 +55,33 @@ class Flag:
     metavar: str | None = None
     presets: tuple[Preset, ...] = ()
     name: str | None = None  # the flag; default: --field-name
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse with one rule for flags, the same in every stage and in final/: a flag is spelled
+    out (no abbreviations, which a new flag could silently change the meaning of), and a flag it
+    does not know gets the nearest it does: `--max-token 8` -> "did you mean --max-tokens?"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            known = list(self._option_string_actions)
+            hints = {}
+            for item in extras:
+                flag = item.split("=", 1)[0]
+                near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag.startswith("-") else []
+                if near:
+                    hints[flag] = near[0]
+            if len(hints) == 1:
+                hint = f"; did you mean {next(iter(hints.values()))}?"
+            else:
+                hint = "".join(f"; {flag}: did you mean {near}?" for flag, near in hints.items())
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return namespace
 
 
 def option(

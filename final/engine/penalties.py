@@ -52,7 +52,9 @@ class Penalties:
         """Whether this batch has a penalized request (decided on the host, no device work)."""
         return self.any_row and any(p.penalized for p in params)
 
-    def admit(self, row: int, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+    def admit(
+        self, row: int, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int]
+    ) -> None:
         """Write a request's penalties into its row, and its prompt's and answer's tokens (an
         answer exists when it comes back after a preemption) into the row's tables."""
         penalized = params.penalized
@@ -70,15 +72,21 @@ class Penalties:
         self.counts[row].zero_()
         if output_ids:
             self.counts[row].index_add_(
-                0, _ids_on(output_ids, self.device), torch.ones(len(output_ids), dtype=torch.int32, device=self.device)
+                0,
+                _ids_on(output_ids, self.device),
+                torch.ones(len(output_ids), dtype=torch.int32, device=self.device),
             )
         if params.repetition_penalty != 1:
             if self.in_prompt is None:
-                self.in_prompt = torch.zeros(self.num_rows, self.vocab_size, dtype=torch.bool, device=self.device)
+                self.in_prompt = torch.zeros(
+                    self.num_rows, self.vocab_size, dtype=torch.bool, device=self.device
+                )
             self.in_prompt[row].zero_()
             self.in_prompt[row].index_fill_(0, _ids_on(prompt_ids, self.device), True)
 
-    def apply(self, logits: torch.Tensor, rows: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    def apply(
+        self, logits: torch.Tensor, rows: torch.Tensor, params: Sequence[SamplingParams]
+    ) -> torch.Tensor:
         """The penalized logits [S, vocab] (float32, a new tensor) of the requests in page-table
         rows `rows`; `params` tells the host which of the three any row uses."""
         assert self.counts is not None, "admit() a penalized request first"

@@ -40,6 +40,12 @@ class ServeOptions:
     served_model_name: str | None = option(
         None, "the model name the API reports and accepts; default: the folder's name", group=MODEL
     )
+    chat_template: str | None = option(
+        None,
+        "a Jinja chat template, or a file holding one, used instead of the model's (for "
+        "/v1/chat/completions and the shell)",
+        group=MODEL,
+    )
     temperature: float | None = option(
         None,
         "0 is greedy; default: generation_config.json's, else 1.0 (OpenAI's) for the server and 0 "
@@ -98,6 +104,9 @@ class ServeOptions:
         "CORS: web origins that may call the API from a browser (comma list, or *); default: none",
         group=SERVER,
         parse=comma_list,
+    )
+    disable_log_requests: bool = option(
+        False, "no log line per HTTP request (uvicorn's access log)", group=SERVER
     )
     shell: bool = option(False, "chat in this terminal instead of serving HTTP", group=SERVER)
     log_level: str | None = option(

@@ -79,6 +79,7 @@ def serve(args: ServeOptions, config: EngineConfig) -> int:
         on_loading=lambda model_dir: log.info("starting the engine for %s", model_dir),
         generation_config=args.generation_config,
         sampling_flags=sampling_flags(args),
+        chat_template=args.chat_template,
     )
     try:
         run_http(args, config, frontend, api_key, log_level)
@@ -154,5 +155,6 @@ def run_http(
         port=args.port,
         log_level=log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        access_log=not args.disable_log_requests,
     )
     make_uvicorn_server(uv_config, on_exit).run()

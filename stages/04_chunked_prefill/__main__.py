@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     params = cli.sampling_params(args)
     from .engine import LLM
 
+    cli.set_threads(args)
     llm = LLM(
         args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
         num_pages=args.num_pages, memory_ratio=args.memory_ratio,
