@@ -240,6 +240,33 @@ def test_logprobs(server):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
 
 
+def test_penalties_give_the_offline_apis_answer(server, tiny_qwen3_dir):
+    """presence, frequency and repetition penalties through the server: the offline API's tokens
+    for the same prompt and parameters (which tests/test_final_penalties.py checks against HF), and
+    not the unpenalized ones."""
+    import final
+
+    prompt = [7, 7, 7, 12, 7, 7, 30, 7]
+    penalties = {"presence_penalty": 1.0, "frequency_penalty": 0.5}
+    offline = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    answers = []
+    for extra in [penalties, {"repetition_penalty": 1.6}]:
+        params = final.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **extra)
+        want = offline.generate([prompt], params, use_tqdm=False)[0]
+        body = {
+            "ignore_eos": True,
+            **({"repetition_penalty": extra["repetition_penalty"]} if "repetition_penalty" in extra else {}),
+        }
+        kwargs = {k: v for k, v in extra.items() if k != "repetition_penalty"}
+        got = server.client().completions.create(
+            model="tiny_qwen3", prompt=prompt, max_tokens=12, temperature=0, extra_body=body, **kwargs
+        )
+        assert got.choices[0].text == want.text
+        answers.append(want.text)
+    plain = offline.generate([prompt], final.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert plain.text not in answers
+
+
 # ---------------------------------------------------------------------------------------------
 # Concurrency
 
