@@ -34,6 +34,37 @@ DEFAULT_MAX_TOKENS = 256
 
 
 @dataclass
+class StructuredOutputsParams:
+    """What the answer must follow (vLLM's class of the same name; exactly one field set): any JSON
+    object, JSON that follows a schema (a dict or its text), a regular expression, one of some
+    strings, or an EBNF grammar (xgrammar's dialect). The server's response_format json_object and
+    json_schema become the first two. engine/structured.py compiles and enforces it."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name, value in self.as_dict().items() if value is not None]
+        if len(given) != 1:
+            raise UserError(
+                "structured outputs take exactly one of json, json_object, regex, choice, grammar; "
+                f"got {', '.join(given) or 'none'}"
+            )
+        if self.json_object is False:
+            raise UserError("json_object=False asks for nothing: leave structured_outputs out")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def kind(self) -> str:
+        return next(name for name, value in self.as_dict().items() if value is not None)
+
+
+@dataclass
 class SamplingParams:
     temperature: float = 1.0  # 0 is greedy
     top_k: int = -1  # -1 or 0: no top-k
@@ -49,6 +80,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    structured_outputs: StructuredOutputsParams | None = None  # a grammar the answer follows
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

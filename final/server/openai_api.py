@@ -20,7 +20,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..core.errors import UserError
-from ..core.sampling_params import SamplingParams
+from ..core.sampling_params import SamplingParams, StructuredOutputsParams
+from ..engine import structured
 from ..frontend.request_state import OutputDelta, RequestState
 from ..frontend.sampling_defaults import fit_default_max_tokens
 from .admission import Ticket, TicketedStream
@@ -65,9 +66,20 @@ def sampling_params(
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=req.repetition_penalty,
+            structured_outputs=structured_outputs(req),
         )
     except UserError as err:
         raise bad_request(str(err)) from None
+
+
+def structured_outputs(req: CommonFields) -> StructuredOutputsParams | None:
+    """A chat request's response_format as a grammar; a 400 now when the grammar engine is
+    missing, rather than after the request is queued."""
+    response_format = getattr(req, "response_format", None)
+    spec = response_format.structured() if response_format is not None else None
+    if spec is not None and not structured.available():
+        raise bad_request(structured.MISSING, param="response_format")
+    return spec
 
 
 @dataclass
