@@ -172,3 +172,66 @@ def test_logprobs_are_the_models_own_before_the_penalties(tiny_qwen3_dir):
     )
     assert plain.logprobs[0]["top_logprobs"] == penalized.logprobs[0]["top_logprobs"]
     assert plain.token_ids[0] != penalized.token_ids[0]  # a prompt token, made far likelier
+
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU (scripts/run_gpu_tests.sh)
+
+
+@pytest.mark.gpu
+def test_the_device_tables_match_the_cpu_ones_on_a_gpu():
+    vocab, rng = 151936, random.Random(1)
+    tables = {d: Penalties(6, vocab, torch.device(d)) for d in ("cpu", "cuda")}
+    rows = [4, 1, 5]
+    prompts = [[rng.randrange(vocab) for _ in range(40)] for _ in rows]
+    for table in tables.values():
+        for row, p, prompt in zip(rows, PARAMS[:3], prompts, strict=True):
+            table.admit(row, p, prompt, prompt[:5])
+    for _ in range(4):
+        logits = torch.randn(len(rows), vocab, dtype=torch.bfloat16) * 4
+        tokens = torch.tensor([rng.choice(prompts[i]) for i in range(len(rows))])
+        got = {d: t.apply(logits.to(d), torch.tensor(rows, device=d, dtype=torch.int32), PARAMS[:3]).cpu()
+               for d, t in tables.items()}  # fmt: skip
+        torch.testing.assert_close(got["cuda"], got["cpu"])
+        for d, table in tables.items():
+            table.record(torch.tensor(rows, device=d, dtype=torch.int32), tokens.to(d))
+
+
+@pytest.mark.gpu
+def test_a_penalty_free_batch_launches_no_penalty_kernel_on_a_gpu():
+    """The CUDA kernels of a neutral batch's draw, with and without a penalized request admitted
+    before: the same list (the penalties run nothing when the batch has none)."""
+
+    def kernels(sampler: Sampler, logits, rows, params) -> list[str]:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            sampler.sample(logits, rows, params, [None] * len(params))
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    neutral = [SamplingParams(temperature=0.7, top_p=0.9)] * 8
+    logits = torch.randn(8, 151936, device="cuda", dtype=torch.bfloat16)
+    rows = torch.arange(8, device="cuda", dtype=torch.int32)
+    fresh, used = (Sampler(16, torch.device("cuda"), 151936) for _ in range(2))
+    for s in (fresh, used):
+        for row, p in enumerate(neutral):
+            s.admit(row, p)
+    used.penalties.admit(12, SamplingParams(presence_penalty=1.0), [1, 2, 3], [])
+    kernels(fresh, logits, rows, neutral)  # warm-up: FlashInfer's first call compiles
+    assert kernels(used, logits, rows, neutral) == kernels(fresh, logits, rows, neutral)
+
+
+@pytest.mark.gpu
+def test_penalties_with_graphs_and_overlap_equal_eager_and_serial_on_a_gpu(tmp_path):
+    """The penalties apply after a graph's replay and in stream order under overlap: a graphed,
+    overlapped engine gives the eager, serial one's tokens (bf16 on FlashInfer)."""
+    from tests.fixtures.tiny_models import make_tiny_checkpoint
+
+    model_dir = make_tiny_checkpoint(tmp_path / "m", "qwen3", head_dim=128)
+    prompts = sample_prompts(model_dir, n=len(BATCH), seed=3)
+    outs = []
+    for kwargs in ({"cuda_graph_max_bs": 0, "overlap": "off"}, {"overlap": "on"}):
+        llm = final.LLM(str(model_dir), device="cuda", dtype="bfloat16", attn="fi", page_size=16, num_pages=1024,
+                        **kwargs)  # fmt: skip
+        outs.append([o.token_ids for o in llm.generate(prompts, BATCH, use_tqdm=False)])
+        llm.close()
+    assert outs[0] == outs[1]
