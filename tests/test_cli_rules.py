@@ -16,6 +16,7 @@ from final.args import parse_args as final_parse_args
 from final.core import devices as final_devices
 from final.core.config import EngineConfig
 from stages.common import devices as stage_devices
+from stages.common.errors import UserError
 from stages.common.limits import max_new_tokens
 from stages.common.sampling import SamplingParams
 from tests.stage_list import STAGES, load
@@ -53,8 +54,8 @@ def test_max_tokens_0_is_no_cap_in_every_stage(stage):
     params = cli.sampling_params(stage_parse(stage, ["--max-tokens", "0"]))
     assert params.max_tokens is None
     assert max_new_tokens([1, 2, 3], params, max_context=100, vocab_size=10) == 97  # the room left
-    with pytest.raises(SystemExit):
-        stage_parse(stage, ["--max-tokens", "-1"])
+    with pytest.raises(UserError, match="max_tokens must be >= 0"):
+        cli.sampling_params(stage_parse(stage, ["--max-tokens", "-1"]))
 
 
 def test_max_tokens_0_is_no_cap_in_final():

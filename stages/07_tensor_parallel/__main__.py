@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from .engine import LLM
     from .ranks import FAILED_EXIT_CODE, RankFailure
 
-    cli.set_threads(args)
+    threads = cli.set_threads(args)
     llm = LLM(
         args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
         num_pages=args.num_pages, memory_ratio=args.memory_ratio,
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda_graph_max_bs=args.cuda_graph_max_bs, disable_overlap=OVERLAP_MODES[args.overlap], tp=args.tp,
         nnodes=args.nnodes, dist_init_addr=args.dist_init_addr, dist_timeout=args.dist_timeout,
     )  # fmt: skip
+    cli.say(threads)  # once the model is up: a bad flag's error stays one line
     with llm:
         ids = cli.encode_prompts(llm.tokenizer, prompts, args)
         start = time.perf_counter()

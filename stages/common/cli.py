@@ -118,7 +118,7 @@ def add_prompt_args(p: argparse.ArgumentParser, many: bool) -> None:
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
     p.add_argument(
-        "--max-tokens", type=non_negative_int, default=max_tokens,
+        "--max-tokens", type=int, default=max_tokens,
         help="most tokens to generate per prompt; 0: no cap (until end-of-sequence or the context is full)",
     )  # fmt: skip
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -133,22 +133,32 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     from .sampling import SamplingParams  # torch: only once the arguments are known to be good
 
+    if args.max_tokens < 0:
+        raise UserError(f"max_tokens must be >= 0 (0: no cap), got {args.max_tokens}")
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
         max_tokens=args.max_tokens or None, stop=args.stop, ignore_eos=args.ignore_eos,
     )  # fmt: skip
 
 
-def set_threads(args: argparse.Namespace) -> None:
+def set_threads(args: argparse.Namespace) -> str | None:
     """On the CPU, PyTorch's threads by the rule every stage and final/ follow
-    (devices.cpu_threads), said on stderr. `--threads N` is passed on as OMP_NUM_THREADS too, so
-    the processes a stage starts (stage 07's ranks) take it."""
+    (devices.cpu_threads); returns the line that says so (None on a GPU), for `say` to print once
+    the model is up (a bad flag's error stays one line). `--threads N` is passed on as
+    OMP_NUM_THREADS too, so the processes a stage starts (stage 07's ranks) take it."""
     from .devices import pick_device, set_cpu_threads
 
     if args.threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    if pick_device(args.device).type == "cpu":
-        print(f"[{set_cpu_threads(args.threads, getattr(args, 'tp', 1))}]", file=sys.stderr)
+    if pick_device(args.device).type != "cpu":
+        return None
+    return set_cpu_threads(args.threads, getattr(args, "tp", 1))
+
+
+def say(line: str | None) -> None:
+    """A start-up line on stderr, in brackets like the stages' closing report."""
+    if line is not None:
+        print(f"[{line}]", file=sys.stderr)
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
