@@ -148,3 +148,14 @@ def test_the_projects_older_names_still_work(llm):
     new = llm.generate([[5, 6, 7]], sampling_params=params, use_tqdm=False)[0]
     assert old.token_ids == new.token_ids and old.prompt_ids == [5, 6, 7]
     assert llm.generate([[5, 6, 7]], params=params, progress=False)[0].token_ids == new.token_ids
+
+
+def test_a_bad_prompt_in_a_list_queues_nothing(llm):
+    from final.core.errors import UserError
+
+    with pytest.raises(UserError, match="unsupported prompt key"):
+        llm.generate(["fine", {"prompt": "x", "multi_modal_data": {}}], SamplingParams(max_tokens=2))
+    with pytest.raises(UserError, match="token ids"):
+        llm.generate([[1, 2], [3, "4"]], SamplingParams(max_tokens=2))
+    assert not llm.has_unfinished() and not llm.core.scheduler.has_work()
+    assert len(llm.generate(["fine"], SamplingParams(max_tokens=2), use_tqdm=False)) == 1

@@ -7,7 +7,8 @@ flag: other engines' names for the same knob), choices and parser; `add_flags` t
 field of a dataclass into an argparse argument, and `from_namespace` reads the parsed values back
 into the dataclass. `from_keywords` does the same for keyword arguments (the offline
 `LLM(max_model_len=...)`), where the aliases and presets are keywords too: a vLLM or SGLang user's
-spelling works in both places, and is declared once. Choices that live in a registry above core/ (the attention backends, the
+spelling works in both places, and is declared once. `FlagParser` is the parser itself: flags
+spelled out, a near miss answered with "did you mean" (the stages' parser is the same class). Choices that live in a registry above core/ (the attention backends, the
 scheduling policies, the prefix caches) are handed to `add_flags` by the caller, which knows them.
 """
 
