@@ -20,8 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..core.errors import UserError
-from ..core.sampling_params import SamplingParams, StructuredOutputsParams
-from ..engine import structured
+from ..core.sampling_params import SamplingParams
 from ..frontend.request_state import OutputDelta, RequestState
 from ..frontend.sampling_defaults import fit_default_max_tokens
 from .admission import Ticket, TicketedStream
@@ -30,7 +29,7 @@ from .errors import APIError, bad_request, model_not_found
 from .formatting import SSE_DONE, chat_logprobs, completion_logprobs, sse, usage
 from .generation import ClientGone, Job, check_request, generate_many, sampling_for_choice
 from .prompts import chat_prompt, completion_prompts
-from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest, parse
+from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest, parse, structured_outputs
 from .state import ServerState
 
 log = logging.getLogger(__name__)
@@ -70,16 +69,6 @@ def sampling_params(
         )
     except UserError as err:
         raise bad_request(str(err)) from None
-
-
-def structured_outputs(req: CommonFields) -> StructuredOutputsParams | None:
-    """A chat request's response_format as a grammar; a 400 now when the grammar engine is
-    missing, rather than after the request is queued."""
-    response_format = getattr(req, "response_format", None)
-    spec = response_format.structured() if response_format is not None else None
-    if spec is not None and not structured.available():
-        raise bad_request(structured.MISSING, param="response_format")
-    return spec
 
 
 @dataclass

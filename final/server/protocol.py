@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..core.sampling_params import StructuredOutputsParams
+from ..engine import structured
 from .errors import bad_request
 
 MAX_N = 16  # choices per request
@@ -228,6 +229,16 @@ class CompletionRequest(CommonFields):
         p = self.prompt
         prompts = 1 if isinstance(p, str) or all(isinstance(x, int) for x in p) else len(p)
         return prompts * self.n
+
+
+def structured_outputs(req: CommonFields) -> StructuredOutputsParams | None:
+    """A chat request's response_format as a grammar; a 400 now when the grammar engine is
+    missing, rather than after the request is queued."""
+    response_format = getattr(req, "response_format", None)
+    spec = response_format.structured() if response_format is not None else None
+    if spec is not None and not structured.available():
+        raise bad_request(structured.MISSING, param="response_format")
+    return spec
 
 
 # What a union field may be, for its error message: pydantic reports one error per branch.
