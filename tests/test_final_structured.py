@@ -120,8 +120,7 @@ def test_without_xgrammar_a_request_is_refused_with_what_to_install(tiny_qwen3_d
     with pytest.raises(UserError, match="pip install xgrammar"):
         llm.add_request([1, 2], SamplingParams(structured_outputs=StructuredOutputsParams(json_object=True)))
     from final.server.errors import APIError
-    from final.server.protocol import structured_outputs
-    from final.server.protocol import ChatCompletionRequest
+    from final.server.protocol import ChatCompletionRequest, structured_outputs
 
     req = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}
