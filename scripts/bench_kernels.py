@@ -238,7 +238,7 @@ def bench_sampling(report: Report, s: Setup) -> None:
         for temperature in (0.0, 0.6):
             logits = torch.randn(batch, s.vocab, device=s.device).to(s.act) * 3
             params = [SamplingParams(temperature=temperature)] * batch  # the offline workload's
-            sampler = Sampler(batch, torch.device(s.device))
+            sampler = Sampler(batch, torch.device(s.device), s.vocab)
             for row, p in enumerate(params):
                 sampler.admit(row, p)
             rows, gens = torch.arange(batch, device=s.device, dtype=torch.int32), [None] * batch

@@ -15,7 +15,10 @@ import torch
 # processes after tokenizing would warn, or hang.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The test models are tiny: a second intra-op thread only adds synchronisation, and on a busy
-# 2-core machine a thread that waits for a descheduled sibling can slow a step tenfold.
+# 2-core machine a thread that waits for a descheduled sibling can slow a step tenfold. Through
+# OMP_NUM_THREADS the engines' thread rule (core/devices.py) leaves it so, in this process and in
+# the servers and ranks the tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -66,7 +66,7 @@ def test_help_shows_the_defaults_and_the_shared_flags(stage, capsys):
     with pytest.raises(SystemExit):
         main.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "most tokens to generate per prompt (default: 128)" in text
+    assert "most tokens to generate per prompt; 0: no cap" in text and "(default: 128)" in text
     assert "0 is greedy (default: 0.0)" in text
     assert "--raw" in text and "--system" in text
     args = main.parse_args(["--prompt", "x"])

@@ -142,3 +142,79 @@ def test_cli_refuses_a_busy_port_before_loading_the_model():
         port = busy.getsockname()[1]
         with pytest.raises(UserError, match=f"127.0.0.1:{port}"):
             final_main(["--model", "/no/such/folder", "--port", str(port)])  # the port is checked first
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's and SGLang's spellings of the same flags (core/config.py declares them on the fields)
+
+
+@pytest.mark.parametrize(
+    ("argv", "field", "value"),
+    [
+        (["--max-model-len", "512"], "max_seq_len_override", 512),  # vLLM
+        (["--context-length", "512"], "max_seq_len_override", 512),  # SGLang
+        (["--gpu-memory-utilization", "0.5"], "memory_ratio", 0.5),  # vLLM
+        (["--mem-fraction-static", "0.5"], "memory_ratio", 0.5),  # SGLang
+        (["--max-num-batched-tokens", "2048"], "max_prefill_length", 2048),  # vLLM
+        (["--chunked-prefill-size", "2048"], "max_prefill_length", 2048),  # SGLang
+        (["--max-num-seqs", "64"], "max_running_requests", 64),  # vLLM
+        (["--block-size", "16"], "page_size", 16),  # vLLM
+        (["--num-gpu-blocks-override", "100"], "num_pages", 100),  # vLLM
+        (["--enable-prefix-caching"], "cache", "radix"),  # vLLM
+        (["--no-enable-prefix-caching"], "cache", "naive"),  # vLLM
+        (["--disable-radix-cache"], "cache", "naive"),  # SGLang
+        (["--enforce-eager"], "cuda_graph_max_bs", 0),  # vLLM
+        (["--disable-cuda-graph"], "cuda_graph_max_bs", 0),  # SGLang
+        (["--disable-overlap-schedule"], "overlap", "off"),  # SGLang
+        (["--tensor-parallel-size", "3"], "tp", 3),  # vLLM
+        (["-tp", "3"], "tp", 3),  # vLLM
+        (["--tp-size", "3"], "tp", 3),  # SGLang
+        (["--dtype", "half"], "dtype", "float16"),  # vLLM and SGLang
+        (["--dtype", "float"], "dtype", "float32"),
+        (["--seed", "7"], "seed", 7),  # vLLM
+        (["--random-seed", "7"], "seed", 7),  # SGLang
+        (["--trust-remote-code"], "trust_remote_code", True),
+        (["--threads", "3"], "threads", 3),
+    ],
+)
+def test_vllm_and_sglang_flag_spellings_set_our_fields(argv, field, value):
+    assert getattr(parse_args(argv).engine, field) == value
+    text = " ".join(build_parser().format_help().split())
+    assert argv[0] in text, f"{argv[0]} is not shown in --help"
+
+
+@pytest.mark.parametrize(
+    ("argv", "field", "value"),
+    [
+        (["--chat-template", "t.jinja"], "chat_template", "t.jinja"),  # vLLM
+        (["--disable-log-requests"], "disable_log_requests", True),  # vLLM
+        (["--served-model-name", "m"], "served_model_name", "m"),  # both, as ours
+    ],
+)
+def test_vllm_server_flags(argv, field, value):
+    assert getattr(parse_args(argv).options, field) == value
+
+
+def test_the_same_spellings_as_llm_keywords():
+    """LLM(...) takes what vLLM's LLM takes, through the same declarations."""
+    config = EngineConfig.from_kwargs(
+        tensor_parallel_size=1, max_model_len=512, gpu_memory_utilization=0.5, enforce_eager=True,
+        enable_prefix_caching=False, max_num_seqs=8, max_num_batched_tokens=64, dtype="half",
+        seed=3, trust_remote_code=True,
+    )  # fmt: skip
+    assert (config.tp, config.max_seq_len_override, config.memory_ratio, config.cuda_graph_max_bs) == (
+        1,
+        512,
+        0.5,
+        0,
+    )
+    assert (config.cache, config.max_running_requests, config.max_prefill_length) == ("naive", 8, 64)
+    assert (config.dtype, config.seed, config.trust_remote_code) == ("float16", 3, True)
+    assert EngineConfig.from_kwargs(enforce_eager=False).cuda_graph_max_bs is None  # nothing asked
+    assert EngineConfig.from_kwargs(enable_prefix_caching=True).cache == "radix"
+    with pytest.raises(UserError, match="max_model_len and max_seq_len_override set the same option"):
+        EngineConfig.from_kwargs(max_model_len=512, max_seq_len_override=256)
+    with pytest.raises(UserError, match="unknown engine option.*swap_space.*known:.*tensor_parallel_size"):
+        EngineConfig.from_kwargs(swap_space=4)
+    with pytest.raises(UserError, match="enforce_eager must be True or False"):
+        EngineConfig.from_kwargs(enforce_eager="yes")

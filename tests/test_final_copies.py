@@ -5,7 +5,9 @@ to stay identical are pinned here: a fix to one must reach the other.
 - definitions (PINNED_DEFINITIONS): the named functions and classes, compared as code (their AST:
   comments aside, and an import inside them compared by the names it imports, since final/'s
   packages are laid out differently), where the files around them differ (imports, docstrings,
-  final/'s additions).
+  final/'s additions);
+- final/'s RequestOutput, which has vLLM's shape besides, holds every field of the stages' one
+  (a script written against a stage runs against final/).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ PINNED_DEFINITIONS = [
     ("final/models/default_model.py", "stages/common/default_model.py",
      ("cache_dir", "default_model_dir", "find_gguf", "ensure_default_model", "_convert")),
     ("final/core/errors.py", "stages/common/errors.py", ("UserError", "run_cli")),
-    ("final/core/outputs.py", "stages/common/outputs.py", ("RequestOutput",)),
-    ("final/core/devices.py", "stages/common/devices.py", ("pick_device", "pick_dtype")),
+    ("final/core/devices.py", "stages/common/devices.py",
+     ("pick_device", "pick_dtype", "usable_cpus", "cpu_threads", "set_cpu_threads")),
+    ("final/core/flags.py", "stages/common/cli.py", ("FlagParser",)),
     ("final/models/rope.py", f"{LAST_STAGE}/rope.py", ("rope_frequencies", "_llama3", "_yarn")),
     ("final/models/weights.py", "stages/common/weights.py", ("checkpoint_files",)),
     ("final/engine/graph.py", f"{LAST_STAGE}/graph.py", ("capture_sizes", "padded_size")),
@@ -82,3 +85,14 @@ def test_a_changed_definition_is_caught(tmp_path):
     (tmp_path / "c.py").write_text("def f():\n    from .x import y\n    return 2\n")
     assert definitions(tmp_path / "a.py") == definitions(tmp_path / "b.py")  # imports aside
     assert definitions(tmp_path / "a.py") != definitions(tmp_path / "c.py")
+
+
+def test_final_request_output_holds_every_field_of_the_stages_one():
+    import dataclasses
+
+    from final.core.outputs import RequestOutput as FinalOutput
+    from stages.common.outputs import RequestOutput as StageOutput
+
+    theirs = [(f.name, f.type) for f in dataclasses.fields(StageOutput)]
+    mine = [(f.name, f.type) for f in dataclasses.fields(FinalOutput)]
+    assert mine[: len(theirs)] == theirs, "the stages' fields, in their order (positional callers)"

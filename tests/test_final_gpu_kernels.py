@@ -307,8 +307,8 @@ def test_gemv_matches_f_linear(shape, m):
     assert got.dtype == torch.bfloat16 and rel_error(got, want) < 1e-2
 
 
-def sampler_for(params: list[SamplingParams]) -> Sampler:
-    sampler = Sampler(len(params), torch.device("cuda"))
+def sampler_for(params: list[SamplingParams], vocab_size: int = 151936) -> Sampler:
+    sampler = Sampler(len(params), torch.device("cuda"), vocab_size)
     for row, p in enumerate(params):
         sampler.admit(row, p)
     return sampler
@@ -361,7 +361,7 @@ def test_flashinfer_sampling_draws_the_reference_distribution(monkeypatch, kwarg
     row = torch.linspace(-3, 3, vocab, device="cuda")[torch.randperm(vocab, device="cuda")]
     p = SamplingParams(temperature=temperature, **kwargs)
     params = [p] * n
-    sampler = sampler_for(params)
+    sampler = sampler_for(params, vocab)
     counts = torch.zeros(vocab, device="cuda")
     for _ in range(50):  # 204,800 draws
         tokens = draw_many(sampler, row.to(torch.bfloat16).expand(n, vocab), params)

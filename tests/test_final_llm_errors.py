@@ -78,7 +78,7 @@ def test_a_prompt_that_is_not_text_or_token_ids_is_a_user_error(llm, prompt):
 
 
 def test_params_and_prompts_of_different_lengths_are_a_user_error(llm):
-    with pytest.raises(UserError, match="2 sampling params for 1 prompts"):
+    with pytest.raises(UserError, match="1 prompts but 2 sampling parameters"):
         llm.generate([[5, 6]], [GREEDY, GREEDY], progress=False)
     assert_idle(llm)
 

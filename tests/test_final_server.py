@@ -240,6 +240,64 @@ def test_logprobs(server):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
 
 
+def test_penalties_give_the_offline_apis_answer(server, tiny_qwen3_dir):
+    """presence, frequency and repetition penalties through the server: the offline API's tokens
+    for the same prompt and parameters (which tests/test_final_penalties.py checks against HF), and
+    not the unpenalized ones."""
+    import final
+
+    prompt = [7, 7, 7, 12, 7, 7, 30, 7]
+    penalties = {"presence_penalty": 1.0, "frequency_penalty": 0.5}
+    offline = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    answers = []
+    for extra in [penalties, {"repetition_penalty": 1.6}]:
+        params = final.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **extra)
+        want = offline.generate([prompt], params, use_tqdm=False)[0]
+        body = {
+            "ignore_eos": True,
+            **({"repetition_penalty": extra["repetition_penalty"]} if "repetition_penalty" in extra else {}),
+        }
+        kwargs = {k: v for k, v in extra.items() if k != "repetition_penalty"}
+        got = server.client().completions.create(
+            model="tiny_qwen3", prompt=prompt, max_tokens=12, temperature=0, extra_body=body, **kwargs
+        )
+        assert got.choices[0].text == want.text
+        answers.append(want.text)
+    plain = offline.generate([prompt], final.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert plain.text not in answers
+
+
+def test_response_format_json_schema_and_json_object(server):
+    """OpenAI's structured outputs: the answer parses and follows the schema (a random tiny model
+    obeys only because the grammar masks everything else); a schema the grammar engine cannot
+    compile is a 400, and the server serves on."""
+    pytest.importorskip("xgrammar", reason="structured outputs need xgrammar")
+    client = server.client()
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    out = client.chat.completions.create(
+        model="tiny_qwen3", messages=USER, max_tokens=64, temperature=1.0, seed=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}},
+    )  # fmt: skip
+    assert out.choices[0].finish_reason == "stop"
+    value = json.loads(out.choices[0].message.content)
+    assert set(value) == {"ok"} and isinstance(value["ok"], bool)
+    loose = client.chat.completions.create(
+        model="tiny_qwen3",
+        messages=USER,
+        max_tokens=8,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    assert loose.choices[0].message.content.lstrip().startswith("{")
+    with pytest.raises(openai.BadRequestError, match="cannot be compiled"):
+        client.chat.completions.create(
+            model="tiny_qwen3", messages=USER, max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}},
+        )  # fmt: skip
+    assert client.chat.completions.create(model="tiny_qwen3", messages=USER, max_tokens=2).choices
+
+
 # ---------------------------------------------------------------------------------------------
 # Concurrency
 
@@ -293,10 +351,13 @@ BAD_REQUESTS = [
     ("chat", {"messages": USER, "top_p": 0}, 400, "top_p"),
     ("chat", {"messages": USER, "max_tokens": 0}, 400, "max_tokens"),
     ("chat", {"messages": USER, "n": 100}, 400, "n"),
-    ("chat", {"messages": USER, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("chat", {"messages": USER, "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("completions", {"prompt": "hi", "frequency_penalty": -3}, 400, "frequency_penalty"),
+    ("chat", {"messages": USER, "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("chat", {"messages": USER, "logit_bias": {"5": 1}}, 400, "logit_bias"),
     ("chat", {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs"),
-    ("chat", {"messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("chat", {"messages": USER, "response_format": {"type": "json_schema"}}, 400, "json_schema"),
+    ("chat", {"messages": USER, "response_format": {"type": "xml"}}, 400, "response_format"),
     ("chat", {"messages": [{"role": "user", "content": LONG}]}, 400, "context holds 256"),
     ("completions", {"prompt": LONG}, 400, "context holds 256"),
     ("completions", {"prompt": "hi", "echo": True}, 400, "echo"),

@@ -45,6 +45,8 @@ SEMANTIC_400 = (  # what a JSON Schema cannot say; each is documented in docs/se
     "prompt token ids must be in",
     "best_of is not supported",
     "the chat template rejected",
+    "cannot be compiled",  # a response_format json_schema the grammar engine cannot follow
+    "xgrammar",  # response_format json_object / json_schema on a host without the grammar engine
 )
 
 

@@ -211,6 +211,12 @@ def test_degrees_that_cannot_shard_the_model_are_refused_before_any_rank_starts(
     for size in (2, 4):  # 3 KV heads neither split over 2 nor replicate over 4
         with pytest.raises(UserError, match="its 3 KV heads"):
             check_tp_degree(odd_kv, size)
+    # The default model's shape: 9 heads, 3 KV heads, MLP 1536 (which 9 does not divide).
+    smollm = dataclasses.replace(config, num_heads=9, num_kv_heads=3, intermediate_size=1536)
+    with pytest.raises(UserError, match="the degrees that work for this model: 1, 3$"):
+        check_tp_degree(smollm, 2)
+    with pytest.raises(UserError, match="works? for this model: 1, 2, 4$"):
+        check_tp_degree(config, 3)
     check_tp_degree(config, 4)  # 2 KV heads replicate over 4 ranks
     before = set(rank_processes(os.getpid()))
     with pytest.raises(UserError, match="--tp 8 cannot shard"):

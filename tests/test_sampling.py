@@ -158,7 +158,7 @@ def test_top_p_and_min_p_restrict_what_is_sampled(impl):
 def test_final_reads_parameters_from_the_rows_it_is_given():
     """final's sampler gathers each request's parameters by its page-table row: rows out of order,
     and a row left over from an earlier request, must not leak into the draw."""
-    sampler = final.engine.sampler.Sampler(4, torch.device("cpu"))
+    sampler = final.engine.sampler.Sampler(4, torch.device("cpu"), vocab_size=100)
     Params = final.core.sampling_params.SamplingParams
     sampler.admit(3, Params(temperature=0))  # greedy
     sampler.admit(1, Params(temperature=1.0, top_k=1))  # greedy through top-k

@@ -11,7 +11,8 @@ N; engine.py's docstring lists the invariants that keep that correct, and each h
   request matches it;
 - with a simulated GPU that takes time (a clock, no sleeps), the host's work on step N+1 happens
   while step N runs, and the GPU never waits for the host;
-- the switch: `--disable-overlap`, `disable_overlap=True`, STAGE06_DISABLE_OVERLAP=1.
+- the switch: `--overlap`/`--disable-overlap`, `disable_overlap=True`, STAGE06_DISABLE_OVERLAP=1;
+  off by default on the CPU (final/'s --overlap auto).
 
 On a CPU the "device" runs each operation at once, so a step is complete when `launch` returns;
 the loop is still the overlapped one: the next step is scheduled and launched before the host has
@@ -534,13 +535,18 @@ def test_flashinfer_plans_only_after_the_previous_plans_copy(monkeypatch):
 
 def test_the_switch(tiny_qwen3_dir, monkeypatch):
     assert make(tiny_qwen3_dir, True).overlap and not make(tiny_qwen3_dir, False).overlap
+    # auto, as final/'s --overlap: off on the CPU, where nothing runs asynchronously
+    monkeypatch.delenv(engine_module.DISABLE_OVERLAP_ENV, raising=False)
+    assert not stage06.LLM(str(tiny_qwen3_dir), device="cpu").overlap
     monkeypatch.setenv(engine_module.DISABLE_OVERLAP_ENV, "1")
     assert not stage06.LLM(str(tiny_qwen3_dir), device="cpu").overlap
     assert stage06.LLM(str(tiny_qwen3_dir), device="cpu", disable_overlap=False).overlap
     monkeypatch.setenv(engine_module.DISABLE_OVERLAP_ENV, "0")
     assert stage06.LLM(str(tiny_qwen3_dir), device="cpu").overlap
-    assert cli.parse_args(["--prompt", "a", "--disable-overlap"]).disable_overlap
-    assert not cli.parse_args(["--prompt", "a"]).disable_overlap
+    assert cli.parse_args(["--prompt", "a", "--disable-overlap"]).overlap == "off"
+    assert cli.parse_args(["--prompt", "a", "--overlap", "on"]).overlap == "on"
+    assert cli.parse_args(["--prompt", "a"]).overlap == "auto"
+    assert cli.OVERLAP_MODES == {"auto": None, "on": False, "off": True}
 
 
 def test_the_chapters_schematic_is_up_to_date():

@@ -192,7 +192,7 @@ def test_the_other_ranks_rebuild_rank0s_step_from_its_message(tiny_qwen3_dir, po
     sent as `StepMessage`s (pickled, as over the wire): the rebuilt batch prepares the same token
     ids, positions, K/V slots and rows, and a page table that applies the messages' writes stays
     equal to rank 0's."""
-    llm = engine(tiny_qwen3_dir, num_pages=None if pool == "large" else 100)
+    llm = engine(tiny_qwen3_dir, num_pages=None if pool == "large" else 100, disable_overlap=False)
     params = SamplingParams(temperature=0, max_tokens=6 if pool == "large" else 30, ignore_eos=True)
     runner = llm.runner
     runner.page_table.write_log = []

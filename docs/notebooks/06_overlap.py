@@ -48,7 +48,9 @@ logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s", f
 torch.set_num_threads(1)
 GPU = torch.cuda.is_available()
 kwargs = dict(device="cuda", dtype="bfloat16") if GPU else dict(device="cpu")
-llm = stage06.LLM(None, max_context=512, **kwargs)
+# On a CPU overlap is off by default (nothing runs asynchronously there; final/'s `--overlap auto` is
+# the same rule): `disable_overlap=False` runs the overlapped loop anyway, to watch its bookkeeping.
+llm = stage06.LLM(None, max_context=512, disable_overlap=False, **kwargs)
 print("device:", llm.device, "| overlap:", "on" if llm.overlap else "off")
 
 # %% [markdown]

@@ -127,7 +127,8 @@ print(
 # (gloo here). Rank 0's KV pool holds only its own KV head.
 
 # %%
-llm = stage07.LLM(str(tiny), device="cpu", tp=2)
+# Overlap on, as on a GPU (on a CPU it is off by default), so the steps below carry tokens in flight.
+llm = stage07.LLM(str(tiny), device="cpu", tp=2, disable_overlap=False)
 for rank, proc in llm.ranks.local.items():
     print(f"rank {rank}: pid {proc.pid}, running {' '.join(proc.args[1:3])}")
 print("rank 0's q_proj:", tuple(llm.runner.model.model.layers[0].self_attn.q_proj.weight.shape))

@@ -3,7 +3,9 @@ typed place.
 
 The CLI (final/args.py, which builds its flags from these fields: core/flags.py), the offline
 `LLM(**engine_kwargs)` and the engine process all build the same object, so a flag means the same
-thing everywhere. It is what the user asked for: build_engine resolves it once (the attention
+thing everywhere. The project's own names are Mini-SGLang's; each field also answers to vLLM's and
+SGLang's names for the same knob (aliases, shown in --help, and keywords of `LLM(...)`), so a
+command line or a script written for one of them runs here. It is what the user asked for: build_engine resolves it once (the attention
 backends, the page size, overlap, graphs, the devices) into a frozen ResolvedConfig
 (engine/resolve.py), and never writes back into it.
 """
@@ -11,11 +13,19 @@ backends, the page size, overlap, graphs, the devices) into a frozen ResolvedCon
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import UserError
-from .flags import Preset, option
+from .flags import Preset, from_keywords, option
+
+# vLLM's and SGLang's other names for a dtype (`--dtype half`): the name each stands for.
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def dtype_name(text: str) -> str:
+    return DTYPE_ALIASES.get(text, text)
 
 
 def positive_or_zero(text: str) -> int:
@@ -47,10 +57,33 @@ class EngineConfig:
         "auto",
         "weights and activations; auto: float32 on the CPU, the checkpoint's (bf16 for fp32 ones) on a GPU",
         group=MODEL,
-        choices=("auto", "float32", "bfloat16", "float16"),
+        choices=DTYPES,
+        parse=dtype_name,  # half, float (vLLM's and SGLang's names) are accepted too
     )
     max_seq_len_override: int | None = option(
-        None, "cap the context length (prompt + answer) below the model's own", group=MODEL
+        None,
+        "cap the context length (prompt + answer) below the model's own",
+        group=MODEL,
+        aliases=("--max-model-len", "--context-length"),
+    )
+    seed: int | None = option(
+        None,
+        "seed of the random stream shared by requests that set no seed of their own, so a whole run "
+        "is reproducible; default: not seeded (a request's own seed always gives it a private stream)",
+        group=MODEL,
+        aliases=("--random-seed",),
+    )
+    trust_remote_code: bool = option(
+        False,
+        "accepted so that vLLM and SGLang command lines run; changes nothing: this engine runs its "
+        "own code for each architecture it supports and never code from the model folder",
+        group=MODEL,
+    )
+    threads: int | None = option(
+        None,
+        "PyTorch threads on the CPU; default: one per CPU this process may use, less one "
+        "(OMP_NUM_THREADS, when set, is used as it is)",
+        group=MODEL,
     )
     # The help lists the backends from their registry (args.py): core/ knows none of them.
     attn: str = option("auto", "attention backend:", group=ENGINE)
@@ -58,17 +91,25 @@ class EngineConfig:
         None,
         "tokens per KV-cache page; default: 1, or what the attention kernels need:",
         group=ENGINE,
+        aliases=("--block-size",),
     )
     num_pages: int | None = option(
         None,
         "KV-cache pages; default: what --memory-ratio leaves on a GPU, 32768 tokens on the CPU",
         group=ENGINE,
+        aliases=("--num-gpu-blocks-override",),
     )
     memory_ratio: float = option(
-        0.9, "share of GPU memory for weights + KV cache; the rest is for activations", group=ENGINE
+        0.9,
+        "share of GPU memory for weights + KV cache; the rest is for activations",
+        group=ENGINE,
+        aliases=("--gpu-memory-utilization", "--mem-fraction-static"),
     )
     max_running_requests: int = option(
-        256, "most requests holding KV cache at once (decoding together)", group=ENGINE
+        256,
+        "most requests holding KV cache at once (decoding together)",
+        group=ENGINE,
+        aliases=("--max-num-seqs",),
     )
     max_prefill_length: int | None = option(
         None,
@@ -78,6 +119,7 @@ class EngineConfig:
         f"large value turns chunking off. Default: {GPU_PREFILL_BUDGET} on a GPU (Mini-SGLang's), "
         f"{CPU_PREFILL_BUDGET} on the CPU, where a step of a few hundred prompt tokens already takes seconds",
         group=ENGINE,
+        aliases=("--max-num-batched-tokens", "--chunked-prefill-size"),
     )
     chunk_policy: str = option(
         "mixed",
@@ -90,6 +132,10 @@ class EngineConfig:
         "prefix cache: radix reuses the KV of shared prompt prefixes; naive recomputes every prompt",
         group=ENGINE,
         aliases=("--cache-type",),
+        presets=(
+            Preset("--enable-prefix-caching", "radix", "the same as --cache radix (vLLM)", negated="naive"),
+            Preset("--disable-radix-cache", "naive", "the same as --cache naive (SGLang)"),
+        ),
     )
     cuda_graph_max_bs: int | None = option(
         None,
@@ -98,6 +144,10 @@ class EngineConfig:
         "the CPU (one log line)",
         group=ENGINE,
         parse=positive_or_zero,
+        presets=(
+            Preset("--enforce-eager", 0, "the same as --cuda-graph-max-bs 0 (vLLM)"),
+            Preset("--disable-cuda-graph", 0, "the same as --cuda-graph-max-bs 0 (SGLang)"),
+        ),
     )
     overlap: str = option(
         "auto",
@@ -105,7 +155,10 @@ class EngineConfig:
         "auto: on on a GPU, off on the CPU (where nothing runs asynchronously)",
         group=ENGINE,
         choices=OVERLAP_MODES,
-        presets=(Preset("--disable-overlap", "off", "the same as --overlap off"),),
+        presets=(
+            Preset("--disable-overlap", "off", "the same as --overlap off"),
+            Preset("--disable-overlap-schedule", "off", "the same as --overlap off (SGLang)"),
+        ),
     )
     # Tensor parallelism: the model sharded over `tp` ranks, one process each (runtime/ranks.py);
     # across machines, `nnodes` nodes of tp / nnodes ranks meeting at `dist_init_addr`.
@@ -114,7 +167,7 @@ class EngineConfig:
         "tensor-parallel degree: the model sharded over this many GPUs (rank i on cuda:i of its "
         "node), or this many processes with gloo on the CPU; the engine starts the ranks itself",
         group=PARALLEL,
-        aliases=("--tp-size",),
+        aliases=("--tp-size", "--tensor-parallel-size", "-tp"),
     )
     nnodes: int = option(1, "machines the --tp ranks span, tp / nnodes each", group=PARALLEL)
     node_rank: int = option(
@@ -138,6 +191,7 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        self.dtype = dtype_name(self.dtype)  # LLM(dtype="half") as vLLM takes it
         self.validate()
 
     def validate(self) -> None:
@@ -168,6 +222,11 @@ class EngineConfig:
                 self.cuda_graph_max_bs is None or self.cuda_graph_max_bs >= 0,
                 f"--cuda-graph-max-bs must be >= 0, got {self.cuda_graph_max_bs}",
             ),
+            (
+                self.dtype in DTYPES,
+                f"--dtype must be one of {', '.join(DTYPES)} (or half, float), got {self.dtype!r}",
+            ),
+            (self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
             (self.tp >= 1, f"--tp must be >= 1, got {self.tp}"),
             (self.nnodes >= 1, f"--nnodes must be >= 1, got {self.nnodes}"),
             (
@@ -198,11 +257,7 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
-        """Like EngineConfig(**kwargs), but an unknown keyword is a UserError naming the known ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise UserError(
-                f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**kwargs)
+        """Like EngineConfig(**kwargs), but also under vLLM's and SGLang's names
+        (`tensor_parallel_size=2`, `max_model_len=...`, `enforce_eager=True`); an unknown keyword
+        is a UserError naming the known ones."""
+        return cls(**from_keywords(cls, kwargs))

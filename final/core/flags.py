@@ -5,7 +5,10 @@
 A field made with `option` carries its flag's help, group, aliases (shown in --help beside the
 flag: other engines' names for the same knob), choices and parser; `add_flags` turns every such
 field of a dataclass into an argparse argument, and `from_namespace` reads the parsed values back
-into the dataclass. Choices that live in a registry above core/ (the attention backends, the
+into the dataclass. `from_keywords` does the same for keyword arguments (the offline
+`LLM(max_model_len=...)`), where the aliases and presets are keywords too: a vLLM or SGLang user's
+spelling works in both places, and is declared once. `FlagParser` is the parser itself: flags
+spelled out, a near miss answered with "did you mean" (the stages' parser is the same class). Choices that live in a registry above core/ (the attention backends, the
 scheduling policies, the prefix caches) are handed to `add_flags` by the caller, which knows them.
 """
 
@@ -13,23 +16,34 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import UserError
+
 FLAG = "flag"  # the metadata key of a field's Flag
+UNSET: Any = object()  # a Preset without a negated form
 
 
 @dataclass(frozen=True)
 class Preset:
     """A flag of its own that sets the field to a fixed value (`--disable-overlap` for `--overlap
-    off`); it and the field's flag exclude each other."""
+    off`); it and the field's flag exclude each other. With `negated`, a `--no-...` flag sets that
+    value (vLLM's `--no-enable-prefix-caching`). As a keyword (`enforce_eager=True`), True sets
+    `value` and False sets `negated`, or leaves the field's default when there is none."""
 
     flag: str
     value: Any
     help: str
+    negated: Any = UNSET
+
+    @property
+    def negated_flag(self) -> str:
+        return "--no-" + self.flag.removeprefix("--")
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,33 @@ class Flag:
     metavar: str | None = None
     presets: tuple[Preset, ...] = ()
     name: str | None = None  # the flag; default: --field-name
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse with one rule for flags, the same in every stage and in final/: a flag is spelled
+    out (no abbreviations, which a new flag could silently change the meaning of), and a flag it
+    does not know gets the nearest it does: `--max-token 8` -> "did you mean --max-tokens?"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            known = list(self._option_string_actions)
+            hints = {}
+            for item in extras:
+                flag = item.split("=", 1)[0]
+                near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag.startswith("-") else []
+                if near:
+                    hints[flag] = near[0]
+            if len(hints) == 1:
+                hint = f"; did you mean {next(iter(hints.values()))}?"
+            else:
+                hint = "".join(f"; {flag}: did you mean {near}?" for flag, near in hints.items())
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return namespace
 
 
 def option(
@@ -118,9 +159,53 @@ def add_flags(
             target.add_argument(
                 preset.flag, dest=f.name, action="store_const", const=preset.value, help=preset.help
             )
+            if preset.negated is not UNSET:
+                target.add_argument(
+                    preset.negated_flag,
+                    dest=f.name,
+                    action="store_const",
+                    const=preset.negated,
+                    help=f"the same as {flag_name(f, flag)} {preset.negated}",
+                )
 
 
 def from_namespace(cls: type, namespace: argparse.Namespace, **extra: Any) -> Any:
     """An instance of `cls` from the parsed flags (its fields without a flag from `extra`)."""
     values = {f.name: getattr(namespace, f.name) for f, _ in flag_fields(cls)}
     return cls(**values, **extra)
+
+
+def keyword(flag: str) -> str:
+    """The keyword of a flag: `--max-model-len` -> `max_model_len`."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def from_keywords(cls: type, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The field values that keyword arguments name, each under its field's name, its flag's
+    aliases (`max_model_len` for `max_seq_len_override`) or a preset (`enforce_eager=True`); a
+    UserError for a keyword none of them knows, or for one field given twice."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    aliases: dict[str, tuple[str, Preset | None]] = {}
+    for f, flag in flag_fields(cls):
+        for alias in flag.aliases:
+            aliases[keyword(alias)] = (f.name, None)
+        for preset in flag.presets:
+            aliases[keyword(preset.flag)] = (f.name, preset)
+    unknown = sorted(k for k in kwargs if k not in fields and k not in aliases)
+    if unknown:
+        known = sorted(fields | set(aliases))
+        raise UserError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    values: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    for name, value in kwargs.items():
+        target, preset = aliases.get(name, (name, None))
+        if preset is not None:
+            if not isinstance(value, bool):
+                raise UserError(f"{name} must be True or False, got {value!r}")
+            value = preset.value if value else preset.negated
+            if value is UNSET:
+                continue  # `enforce_eager=False`: nothing asked for
+        if target in given_as:
+            raise UserError(f"{given_as[target]} and {name} set the same option: give one of them")
+        values[target], given_as[target] = value, name
+    return values

@@ -2,11 +2,23 @@
 
 The fields and their meaning are those of stages/common/sampling.py, so a script written against
 a stage runs against final/ unchanged; `SamplingParams.coerce` accepts any object with these
-attribute names (a stage's SamplingParams, a namespace) and returns final's own type.
+attribute names (a stage's SamplingParams, a namespace) and returns final's own type. The fields
+final/ adds (`n` and the penalties) have vLLM's names, ranges and meaning
+(https://docs.vllm.ai/en/latest/api/vllm/sampling_params.html):
+
+    presence_penalty    in [-2, 2]: subtracted from the logit of every token the answer already has
+    frequency_penalty   in [-2, 2]: subtracted once per time the answer already has the token
+    repetition_penalty  > 0: a token of the prompt or of the answer has its logit divided by it
+                        when positive, multiplied when negative (1: off; > 1 discourages repeats)
+
+Presence and frequency count the answer's tokens only, as OpenAI and vLLM define them; repetition
+counts the prompt's too, as vLLM and Hugging Face do. They apply to the logits before the
+temperature and the filters; logprobs stay those of the model's own distribution.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field, fields
@@ -16,9 +28,41 @@ from .errors import UserError
 
 INT32_MAX = 2**31 - 1  # top_k lives in an int32 device tensor
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+MAX_N = 128  # answers per prompt (the server caps a request at fewer: server/protocol.py)
 # New tokens of a request that sets no max_tokens: the offline API's default, and the server's and
 # the shell's cap (--max-tokens; frontend/sampling_defaults.py), so every answer ends.
 DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass
+class StructuredOutputsParams:
+    """What the answer must follow (vLLM's class of the same name; exactly one field set): any JSON
+    object, JSON that follows a schema (a dict or its text), a regular expression, one of some
+    strings, or an EBNF grammar (xgrammar's dialect). The server's response_format json_object and
+    json_schema become the first two. engine/structured.py compiles and enforces it."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name, value in self.as_dict().items() if value is not None]
+        if len(given) != 1:
+            raise UserError(
+                "structured outputs take exactly one of json, json_object, regex, choice, grammar; "
+                f"got {', '.join(given) or 'none'}"
+            )
+        if self.json_object is False:
+            raise UserError("json_object=False asks for nothing: leave structured_outputs out")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def kind(self) -> str:
+        return next(name for name, value in self.as_dict().items() if value is not None)
 
 
 @dataclass
@@ -33,6 +77,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; n >= 0: the sampled token's and the top n
+    n: int = 1  # answers per prompt, each its own request (answer i seeded with seed + i)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    structured_outputs: StructuredOutputsParams | None = None  # a grammar the answer follows
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -66,6 +115,19 @@ class SamplingParams:
             ),
             (self.logprobs is None or self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}"),
             (all(isinstance(s, str) for s in self.stop), "stop must be a string or a list of strings"),
+            (1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}], got {self.n}"),
+            (
+                -2 <= self.presence_penalty <= 2,
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
+            ),
+            (
+                -2 <= self.frequency_penalty <= 2,
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
+            ),
+            (
+                0 < self.repetition_penalty < math.inf,
+                f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -95,6 +157,18 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes the logits (the sampler skips them all otherwise)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
+
+    def for_choice(self, index: int) -> SamplingParams:
+        """The parameters of answer `index` of n: its own random stream (seed + index), so the n
+        answers differ yet a seeded request is still reproducible (vLLM's rule too)."""
+        if self.seed is None or index == 0:
+            return self
+        return dataclasses.replace(self, seed=self.seed + index)
 
     @classmethod
     def coerce(cls, params: Any) -> SamplingParams:

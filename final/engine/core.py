@@ -41,16 +41,18 @@ from collections.abc import Callable
 
 import torch
 
+from ..core.errors import UserError
 from ..core.limits import finish_reason, max_new_tokens
 from ..core.sampling_params import SamplingParams
 from ..scheduler.request import Request, ScheduledBatch, Status
 from ..scheduler.scheduler import NeedsDrain, Scheduler
 from .executor import Executor
 from .handle import StepHandle
+from .logprobs import to_host
 from .messages import EngineInfo, EngineStats, RequestDelta
 from .peers import Ranks, SingleRank
 from .resolve import ResolvedConfig
-from .sampler import Sampler, make_generator, to_host
+from .sampler import Sampler
 from .stats import EngineCounters
 
 log = logging.getLogger(__name__)
@@ -119,10 +121,10 @@ class EngineCore:
     def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
         """Queue a request; a UserError says why it cannot be served (nothing is queued then)."""
         cap = self.check_request(prompt_ids, params)
-        if params.seed is not None:
-            make_generator(params, self.device)  # a seed the device cannot take fails before queueing
+        if rid in self.scheduler.by_rid:  # before the sampler takes the id: it holds the other one's state
+            raise UserError(f"request id {rid} is already in the engine")
+        self.sampler.add(rid, params)  # first: a seed or a grammar that cannot be used queues nothing
         self.scheduler.add(Request(rid=rid, prompt_ids=list(prompt_ids), params=params, max_new_tokens=cap))
-        self.sampler.add(rid, params)
 
     def abort(self, rid: int) -> bool:
         """Drop a request wherever it is; if a step in flight holds it, its pages wait for that step."""
@@ -157,7 +159,8 @@ class EngineCore:
 
     def _overlapped_step(self) -> list[RequestDelta]:
         """Step N+1 is scheduled and launched before step N is collected (the invariants above)."""
-        deltas: list[RequestDelta] = []
+        # A grammar needs a request's last token before it masks the next (structured.py).
+        deltas = self.collect(self.in_flight.popleft()) if self.in_flight and self.sampler.matchers else []
         try:
             batch = self.scheduler.schedule(can_preempt=not self.in_flight)
         except NeedsDrain:  # the pool ran dry: collect the step in flight, then preempt
@@ -244,7 +247,7 @@ class EngineCore:
         self.scheduler.release_retired()
         entries = handle.logprobs.entries() if handle.logprobs is not None else [None] * len(per_request)
         deltas: list[RequestDelta] = []
-        eos_ids, pending = self.eos_ids, handle.pending
+        eos_ids, pending, matchers = self.eos_ids, handle.pending, self.sampler.matchers
         one = pending == 1  # one token each (every step but a speculative one): no inner loop
         for req, tokens, entry in zip(handle.sampled, per_request, entries, strict=True):
             req.num_pending -= pending
@@ -256,6 +259,7 @@ class EngineCore:
                 reason = finish_reason(token, req.params, eos_ids, len(req.output_ids), req.max_new_tokens)
             else:
                 reason = self._accept(req, tokens)
+            reason = self.sampler.accept(req.rid, tokens, reason) if matchers else reason  # grammars
             if reason:
                 # Under overlap the next step is in flight and may hold this request.
                 self.scheduler.finish(req, defer_release=bool(self.in_flight))

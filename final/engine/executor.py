@@ -30,6 +30,7 @@ from .peers import NO_PEERS, Peers
 from .resolve import ResolvedConfig
 from .runner import ModelRunner
 from .sampler import SampleOutput, Sampler
+from .structured import StructuredOutputs
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,9 @@ class Executor:
             runner.backend.name,
         )
         # Only rank 0 samples; the others keep an (unused) sampler so that every rank is alike.
-        self.sampler = Sampler(resolved.max_running_requests + 1, device)
+        model = resolved.model
+        structured = StructuredOutputs(resolved.model_dir, model.vocab_size, model.eos_token_ids)
+        self.sampler = Sampler(resolved.max_running_requests + 1, device, model.vocab_size, structured)
 
     def _measure_graphs(self, max_batch: int) -> int:
         """Capture every graph against a one-page scratch pool and return the device memory the

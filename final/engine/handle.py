@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..scheduler.request import Request, ScheduledBatch
-from .sampler import TopLogprobs
+from .logprobs import TopLogprobs
 
 
 @dataclass

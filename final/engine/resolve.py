@@ -54,6 +54,8 @@ class ResolvedConfig:
     nnodes: int
     dist_init_addr: str | None
     dist_timeout: float
+    threads: int | None = None  # --threads: PyTorch threads on the CPU (None: core/devices.py's rule)
+    seed: int | None = None  # --seed: of the random stream unseeded requests share
 
     @property
     def ranks_per_node(self) -> int:
@@ -73,6 +75,8 @@ def resolve_config(config: EngineConfig, model_dir: Path | None = None) -> Resol
     create_policy(config.chunk_policy)
     check_tp(config, device)
     check_tp_degree(model, config.tp)
+    if config.trust_remote_code:
+        log.info("--trust-remote-code changes nothing here: no code from the model folder ever runs")
     if config.tp > 1 and device.type == "cuda":
         device = torch.device("cuda", 0)  # rank i on cuda:i
     return ResolvedConfig(
@@ -94,6 +98,8 @@ def resolve_config(config: EngineConfig, model_dir: Path | None = None) -> Resol
         nnodes=config.nnodes,
         dist_init_addr=config.dist_init_addr,
         dist_timeout=config.dist_timeout,
+        threads=config.threads,
+        seed=config.seed,
     )
 
 

@@ -1,6 +1,7 @@
 """The sampler: from a batch of logits to a batch of next tokens, each row under its own params.
 
-Order of operations (the same as vLLM and SGLang): divide by the temperature, keep the top-k
+Order of operations (the same as vLLM and SGLang): apply the penalties (penalties.py), mask what
+a request's grammar forbids (structured.py), divide by the temperature, keep the top-k
 logits, keep the smallest set of tokens whose probability reaches top-p, drop tokens whose
 probability is below min-p times the largest, then draw. Temperature 0 is greedy. An all-greedy
 batch (the common serving case) is one argmax, with no sort and no softmax.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -30,6 +30,9 @@ from ..core.errors import UserError
 from ..core.sampling_params import INT32_MAX, SamplingParams
 from ..kernels import sampling as sampling_kernels
 from ..scheduler.request import Request
+from .logprobs import TopLogprobs, logprobs_of
+from .penalties import Penalties
+from .structured import Matcher, StructuredOutputs, apply_bitmask, grammar_bitmask
 
 # Below this temperature a draw is an argmax in all but name, and dividing by it overflows the
 # logits: such requests are sampled greedily.
@@ -48,45 +51,6 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
     gen = torch.Generator(device=device)
     gen.manual_seed(params.seed)
     return gen
-
-
-def to_host(t: torch.Tensor | None) -> torch.Tensor | None:
-    """A GPU tensor's copy in pinned host memory, queued on the stream (no wait: read it only after
-    an event recorded later has fired); a CPU tensor (or None) as it is."""
-    if t is None or not t.is_cuda:
-        return t
-    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-
-
-@dataclass
-class TopLogprobs:
-    """Log-probabilities of a step, still on the device: `entries()` copies them to the host."""
-
-    wanted: list[int | None]  # per row: None, or how many top candidates the request asked for
-    chosen: torch.Tensor  # [S] logprob of each sampled token
-    top_ids: torch.Tensor | None  # [S, max n] or None when no row wants candidates
-    top_values: torch.Tensor | None
-
-    def to_host(self) -> TopLogprobs:
-        """The same numbers, copied to pinned host memory behind the kernels that compute them."""
-        return TopLogprobs(self.wanted, to_host(self.chosen), to_host(self.top_ids), to_host(self.top_values))
-
-    def entries(self) -> list[dict[str, Any] | None]:
-        chosen = self.chosen.tolist()
-        top_ids: list[list[int]] = [[] for _ in self.wanted]
-        top_values: list[list[float]] = [[] for _ in self.wanted]
-        if self.top_ids is not None and self.top_values is not None:
-            top_ids, top_values = self.top_ids.tolist(), self.top_values.tolist()  # one copy each
-        return [
-            None
-            if n is None
-            else {
-                "token_logprob": chosen[row],
-                "top_ids": top_ids[row][:n],
-                "top_logprobs": top_values[row][:n],
-            }
-            for row, n in enumerate(self.wanted)
-        ]
 
 
 @dataclass
@@ -131,8 +95,17 @@ def min_p_mask(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 class Sampler:
     """Per-row sampling parameters on the device, and the batched draw."""
 
-    def __init__(self, num_rows: int, device: torch.device):
-        self.device = device
+    def __init__(
+        self,
+        num_rows: int,
+        device: torch.device,
+        vocab_size: int,
+        structured: StructuredOutputs | None = None,
+    ):
+        self.device, self.vocab_size = device, vocab_size
+        self.penalties = Penalties(num_rows, vocab_size, device)
+        self.structured = structured
+        self.matchers: dict[int, Matcher] = {}  # constrained requests' grammars (structured.py)
         self.temperature = torch.ones(num_rows, device=device)
         # No top-k is stored as INT32_MAX: at or above the vocabulary, which keeps every token
         # in the reference and in FlashInfer's kernels alike.
@@ -145,7 +118,12 @@ class Sampler:
         self.generators: dict[int, torch.Generator] = {}  # seeded requests' private random streams
 
     def add(self, rid: int, params: SamplingParams) -> None:
-        """A request arrived: give it its private random stream if it is seeded."""
+        """A request arrived: give it its private random stream if it is seeded, and its grammar's
+        matcher if it has one (a UserError when that cannot be: nothing is kept then)."""
+        if params.structured_outputs is not None:
+            if self.structured is None:
+                raise UserError("this engine has no structured outputs")
+            self.matchers[rid] = self.structured.matcher(params.structured_outputs)
         generator = make_generator(params, self.device)
         if generator is not None:
             self.generators[rid] = generator
@@ -153,6 +131,18 @@ class Sampler:
     def forget(self, rid: int) -> None:
         """A request left (finished, aborted, failed)."""
         self.generators.pop(rid, None)
+        self.matchers.pop(rid, None)
+
+    def accept(self, rid: int, tokens: list[int], reason: str | None) -> str | None:
+        """Feed a constrained request's new tokens to its grammar: its finish reason becomes "stop"
+        once the grammar is complete (or a token falls outside it, which the mask rules out but
+        for the stop token of an `ignore_eos` request). Other requests keep `reason`."""
+        matcher = self.matchers.get(rid)
+        if matcher is not None:
+            for token in tokens:
+                if not matcher.accept(token) or matcher.terminated:
+                    return "stop"
+        return reason
 
     def bind(self, requests: Sequence[Request]) -> list[tuple[Request, Exception]]:
         """Write the parameters of the requests new to their row (admitted, or readmitted after a
@@ -165,6 +155,7 @@ class Sampler:
                 continue
             try:
                 self.admit(row, req.params)
+                self.penalties.admit(row, req.params, req.prompt_ids, req.output_ids)
             except Exception as err:
                 failed.append((req, err))
                 continue
@@ -175,16 +166,26 @@ class Sampler:
         self, logits: torch.Tensor, rows: torch.Tensor, requests: list[Request]
     ) -> SampleOutput:
         """`sample` for these requests (request i sits in page-table row rows[i])."""
-        generators = self.generators
+        generators, matchers = self.generators, self.matchers
         streams = [generators.get(r.rid) for r in requests] if generators else [None] * len(requests)
-        return self.sample(logits, rows, [r.params for r in requests], streams)
+        bitmask = None
+        if matchers and any(r.rid in matchers for r in requests):
+            host = grammar_bitmask([matchers.get(r.rid) for r in requests], self.vocab_size)
+            bitmask = (
+                host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
+            )
+        return self.sample(logits, rows, [r.params for r in requests], streams, bitmask)
 
     @staticmethod
     def check(params: SamplingParams) -> None:
         """Raise UserError unless `admit` can store these values (called when the request arrives,
         so a value the device tensors cannot hold fails that request alone, never a step)."""
         try:
-            torch.tensor([params.temperature, params.top_p, params.min_p], dtype=torch.float32)
+            torch.tensor(
+                [params.temperature, params.top_p, params.min_p, params.presence_penalty,
+                 params.frequency_penalty, params.repetition_penalty],
+                dtype=torch.float32,
+            )  # fmt: skip
             torch.tensor([params.top_k], dtype=torch.int32)
         except (OverflowError, RuntimeError, TypeError, ValueError) as err:
             raise UserError(f"a sampling parameter is out of range: {err}") from None
@@ -204,22 +205,30 @@ class Sampler:
         rows: torch.Tensor,
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
+        bitmask: torch.Tensor | None = None,
     ) -> SampleOutput:
         """The next token of every row of `logits` [S, vocab]; request i sits in page-table row
-        rows[i] and has `params[i]` (read on the host only to choose which filters run)."""
+        rows[i] and has `params[i]` (read on the host only to choose which filters run); `bitmask`
+        [S, words] on the device: the tokens each row's grammar allows (structured.py)."""
+        penalized = self.penalties.needed(params)  # False: not one kernel more than without them
+        scores = self.penalties.apply(logits, rows, params) if penalized else logits
+        if bitmask is not None:
+            scores = apply_bitmask(scores, bitmask)
         greedy = [is_greedy(p) for p in params]
         if all(greedy):
-            tokens = logits.argmax(dim=-1)
+            tokens = scores.argmax(dim=-1)
         else:
-            if sampling_kernels.available(logits) and all(g is None for g in generators):
-                drawn = self._flashinfer_draw(logits, rows, params)
+            if sampling_kernels.available(scores) and all(g is None for g in generators):
+                drawn = self._flashinfer_draw(scores, rows, params)
             else:
-                drawn = self._reference_draw(logits.float(), rows, params, generators)
+                drawn = self._reference_draw(scores.float(), rows, params, generators)
             # argmax only when some row is greedy: a batch of sampled rows skips it
             if any(greedy):
-                drawn = torch.where(torch.index_select(self.greedy, 0, rows), logits.argmax(dim=-1), drawn)
+                drawn = torch.where(torch.index_select(self.greedy, 0, rows), scores.argmax(dim=-1), drawn)
             tokens = drawn
-        return SampleOutput(tokens=tokens, logprobs=_logprobs(logits, tokens, params))
+        if penalized:
+            self.penalties.record(rows, tokens)
+        return SampleOutput(tokens=tokens, logprobs=logprobs_of(logits, tokens, params))
 
     def _reference_draw(
         self,
@@ -270,23 +279,8 @@ def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None] | None = None
 ) -> SampleOutput:
     """The sampler without a device table: rows 0..S-1 of a throwaway one (tests, one-off use)."""
-    sampler = Sampler(len(params), logits.device)
+    sampler = Sampler(len(params), logits.device, logits.shape[-1])
     for row, p in enumerate(params):
         sampler.admit(row, p)
     rows = torch.arange(len(params), device=logits.device)
     return sampler.sample(logits, rows, params, generators or [None] * len(params))
-
-
-def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams]) -> TopLogprobs | None:
-    wanted = [p.logprobs for p in params]
-    if all(n is None for n in wanted):
-        return None
-    # Log-probabilities of the model's own distribution (before temperature and filters), in
-    # float32 whatever the logits' dtype (computed so, not copied first).
-    logp = logits.log_softmax(dim=-1, dtype=torch.float32)
-    top_n = max(n or 0 for n in wanted)
-    chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    if not top_n:
-        return TopLogprobs(wanted, chosen, None, None)
-    values, ids = logp.topk(min(top_n, logp.shape[-1]), dim=-1)
-    return TopLogprobs(wanted, chosen, ids, values)

@@ -45,6 +45,12 @@ class ServeOptions:
     served_model_name: str | None = option(
         None, "the model name the API reports and accepts; default: the folder's name", group=MODEL
     )
+    chat_template: str | None = option(
+        None,
+        "a Jinja chat template, or a file holding one, used instead of the model's (for "
+        "/v1/chat/completions and the shell)",
+        group=MODEL,
+    )
     temperature: float | None = option(
         None,
         "0 is greedy; default: generation_config.json's, else 1.0 (OpenAI's) for the server and 0 "
@@ -128,6 +134,9 @@ class ServeOptions:
         "seconds one engine step may run before the engine counts as hung (as above); it must "
         "outlast the longest prefill and a GPU's first-use kernel compiles; 0: no limit",
         group=SERVER,
+    )
+    disable_log_requests: bool = option(
+        False, "no log line per HTTP request (uvicorn's access log)", group=SERVER
     )
     shell: bool = option(False, "chat in this terminal instead of serving HTTP", group=SERVER)
     log_level: str | None = option(

@@ -43,6 +43,7 @@ def start_frontend(
     generation_config: str = "auto",
     sampling_flags: Mapping[str, Any] | None = None,
     sampling_fallback: Mapping[str, Any] = API_FALLBACK,
+    chat_template: str | None = None,
 ) -> Frontend:
     """Start everything a face of the engine needs; a UserError says what is wrong. The sampling
     arguments are those of resolve_sampling_defaults (frontend/sampling_defaults.py)."""
@@ -51,7 +52,7 @@ def start_frontend(
     for check in checks:
         check()
     model_dir = resolve_model(config.model)  # converts the default model once, in this process
-    tokenizer = Tokenizer(model_dir)
+    tokenizer = Tokenizer(model_dir, chat_template)
     if require_chat_template and not tokenizer.has_chat_template:
         raise UserError(
             f"{model_dir.name} has no chat template, so it cannot chat; serve it and use /v1/completions"

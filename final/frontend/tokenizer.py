@@ -12,13 +12,17 @@ Message = dict[str, str]
 
 
 class Tokenizer:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, chat_template: str | None = None):
+        """`chat_template`: a Jinja chat template, or a file holding one, used instead of the
+        model's (vLLM's --chat-template)."""
         from transformers import AutoTokenizer
 
         try:
             self.hf = AutoTokenizer.from_pretrained(str(folder))
         except Exception as err:
             raise UserError(f"cannot load the tokenizer of {folder}: {err}") from err
+        if chat_template is not None:
+            self.hf.chat_template = read_chat_template(chat_template)
         self._decode_ids = _direct_decode(self.hf)
         self._token_texts: dict[int, str] = {}  # see decode
 
@@ -33,18 +37,25 @@ class Tokenizer:
         tokens: the server refuses such a text without tokenizing all of it."""
         return max(1, max((len(piece) for piece in self.hf.get_vocab()), default=1))
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.hf.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def encode_chat(self, messages: Sequence[Message]) -> list[int]:
-        if not self.has_chat_template:
+        # The template already wrote any BOS token; letting encode() add another would double it.
+        return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+    def render_chat(self, messages: Sequence[Message], chat_template: str | None = None) -> str:
+        """The conversation in the chat template (the model's, or `chat_template`), up to the
+        assistant's turn."""
+        if chat_template is None and not self.has_chat_template:
             raise UserError("this model has no chat template; send a plain prompt (/v1/completions) instead")
         try:
-            text = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+            text = self.hf.apply_chat_template(
+                list(messages), chat_template=chat_template, add_generation_prompt=True, tokenize=False
+            )
         except Exception as err:  # the template itself rejects the conversation (e.g. an unknown role)
             raise UserError(f"the chat template rejected the messages: {err}") from err
-        # The template already wrote any BOS token; letting encode() add another would double it.
-        return list(self.hf.encode(text, add_special_tokens=False))
+        return text
 
     def decode(self, ids: Sequence[int]) -> str:
         # The detokenizer calls this twice per generated token of every request (at batch 256,
@@ -66,6 +77,18 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         """One token as text, for logprobs (a lone piece of a multi-byte character shows as U+FFFD)."""
         return self.hf.decode([token_id])
+
+
+def read_chat_template(value: str) -> str:
+    """A chat template given as a file's path or as the template itself (vLLM takes both): a value
+    that names a file is read; one with Jinja markup is the template; anything else is an error."""
+    path = Path(value)
+    if "{" not in value and len(value) < 4096:
+        try:
+            return path.read_text()
+        except OSError as err:
+            raise UserError(f"cannot read the chat template {value}: {err.strerror or err}") from None
+    return value
 
 
 # Where transformers' generic fast tokenizer defines `_decode` (5.x, 4.x): the Rust tokenizer's

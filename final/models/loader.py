@@ -36,8 +36,17 @@ def check_tp_degree(config: ModelConfig, size: int) -> None:
     """A UserError unless `size` ranks can share the model: its query heads and MLP split evenly,
     its KV heads split evenly or (fewer KV heads than ranks) replicate evenly. The vocabulary
     needs nothing: it is padded to a multiple of the ranks."""
-    if size == 1:
-        return
+    problems = _tp_problems(config, size)
+    if problems:
+        works = [d for d in range(1, config.num_heads + 1) if not _tp_problems(config, d)]
+        raise UserError(
+            f"--tp {size} cannot shard {config.architecture}: {' and '.join(problems)} do not divide "
+            f"over {size} ranks; the degrees that work for this model: {', '.join(map(str, works))}"
+        )
+
+
+def _tp_problems(config: ModelConfig, size: int) -> list[str]:
+    """What keeps `size` ranks from sharing the model (nothing: an empty list)."""
     problems = []
     if config.num_heads % size:
         problems.append(f"its {config.num_heads} attention heads")
@@ -48,11 +57,7 @@ def check_tp_degree(config: ModelConfig, size: int) -> None:
         problems.append(
             f"its {kv} KV heads (they split evenly, or replicate when the degree is a multiple of them)"
         )
-    if problems:
-        raise UserError(
-            f"--tp {size} cannot shard {config.architecture}: {' and '.join(problems)} do not divide "
-            f"over {size} ranks; use a degree that divides them"
-        )
+    return problems
 
 
 def load_model(

@@ -17,7 +17,10 @@ import logging
 import weakref
 from pathlib import Path
 
+import torch
+
 from ..core.config import EngineConfig
+from ..core.devices import set_cpu_threads
 from ..engine.core import EngineCore
 from ..engine.executor import Executor
 from ..engine.peers import NO_PEERS, SingleRank
@@ -35,6 +38,10 @@ def build_engine(config: EngineConfig, model_dir: Path | None = None) -> EngineC
     """A ready engine for `config` (left as it is); `model_dir` when --model is resolved already.
     A UserError says what cannot work, before the weights are read where it can."""
     resolved = resolve_config(config, model_dir)
+    if resolved.device.type == "cpu":  # one rule everywhere (core/devices.py); each rank its share
+        log.info(set_cpu_threads(resolved.threads, resolved.ranks_per_node))
+    if resolved.seed is not None:
+        torch.manual_seed(resolved.seed)  # rank 0 alone samples
     if resolved.tp == 1:
         executor = Executor(resolved, resolved.device)
         ranks = None

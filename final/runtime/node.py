@@ -33,7 +33,7 @@ def serve_node(config: EngineConfig) -> int:
         )
     per_node = config.ranks_per_node
     first = config.node_rank * per_node
-    threads = cpu_threads_per_rank(per_node) if spec.config.device.type == "cpu" else None
+    threads = cpu_threads_per_rank(spec.config)
     procs = {
         rank: spawn_rank(host, port, rank, rank - first, threads) for rank in range(first, first + per_node)
     }

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing as mp
-import os
 import queue
 import shutil
 import signal
@@ -94,25 +93,6 @@ class EngineProcess:
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
-def set_cpu_threads(device: str) -> None:
-    """On the CPU, leave one core to the frontend process (HTTP, tokenizer, detokenizer). PyTorch's
-    intra-op threads spin while they wait; when they outnumber the free cores, every matmul waits
-    on a descheduled thread, and a step can take 40x longer. OMP_NUM_THREADS, when set, wins."""
-    if device.startswith("cuda") or "OMP_NUM_THREADS" in os.environ:
-        return
-    import torch
-
-    if device == "auto" and torch.cuda.is_available():
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, cores - 1))
-    log.info(
-        "engine on the CPU: %d PyTorch threads (%d cores, one left for the frontend)",
-        torch.get_num_threads(),
-        cores,
-    )
-
-
 def launch_engine(
     config: EngineConfig, model_dir: Path, log_level: str = "info", start_timeout: float = 600.0
 ) -> EngineProcess:
@@ -166,7 +146,6 @@ def engine_main(
     parent = ParentWatch()
     die_with_parent()  # before the model loads: a frontend killed meanwhile takes us along
     setup_logging(log_level)
-    set_cpu_threads(config.device)
     try:
         core = build_engine(config, Path(model_dir))
     except UserError as err:

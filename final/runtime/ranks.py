@@ -37,8 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from ..core.devices import cpu_threads
 from ..distributed.group import LOOPBACK, close_tp, init_tp, open_store, parse_address
 from ..distributed.step_channel import StepChannel
 from ..distributed.tp import TPInfo
@@ -75,13 +74,11 @@ class RankSpec:
     log_level: str
 
 
-def cpu_threads_per_rank(ranks_on_node: int) -> int | None:
-    """On the CPU, the node's cores shared out among its ranks (None when OMP_NUM_THREADS is set):
-    the ranks meet in every all-reduce, so one rank whose threads wait for a core stalls them all."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // ranks_on_node)
+def cpu_threads_per_rank(config: ResolvedConfig) -> int | None:
+    """On the CPU, each rank's share of the node's cores (core/devices.py's rule; None when
+    OMP_NUM_THREADS is set): the ranks meet in every all-reduce, so one rank whose threads wait for
+    a core stalls them all. Rank 0 has set its own already (build.py)."""
+    return cpu_threads(config.threads, config.ranks_per_node) if config.device.type == "cpu" else None
 
 
 def spawn_rank(host: str, port: int, rank: int, local_rank: int, threads: int | None) -> subprocess.Popen:
@@ -130,10 +127,7 @@ class RankGroup:
         port = self.store.port  # the port it took, when asked for any free one
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
         self.store.set(ENGINE_KEY, pickle.dumps(RankSpec(config, level)))
-        threads = cpu_threads_per_rank(config.ranks_per_node) if self.device.type == "cpu" else None
-        if threads is not None and threads < torch.get_num_threads():
-            torch.set_num_threads(threads)
-            log.info("tensor parallelism on the CPU: %d PyTorch threads per rank", threads)
+        threads = cpu_threads_per_rank(config)
         for rank in range(1, config.ranks_per_node):
             self.local[rank] = spawn_rank(host, port, rank, rank, threads)
         watch_store = open_store(host, port, config.tp, is_server=False, timeout_s=config.dist_timeout)

@@ -44,10 +44,8 @@ def check_request(state: ServerState, prompt_ids: list[int], params: SamplingPar
 
 def sampling_for_choice(params: SamplingParams, index: int) -> SamplingParams:
     """Choice i of n: its own random stream (seed + i), so the n choices differ yet a seeded
-    request is still reproducible."""
-    if params.seed is None or index == 0:
-        return params
-    return dataclasses.replace(params, seed=params.seed + index)
+    request is still reproducible (the offline API's rule: SamplingParams.for_choice)."""
+    return params.for_choice(index)
 
 
 async def generate(

@@ -98,6 +98,7 @@ def serve(args: ServeOptions, config: EngineConfig) -> int:
         on_loading=lambda model_dir: log.info("starting the engine for %s", model_dir),
         generation_config=args.generation_config,
         sampling_flags=sampling_flags(args),
+        chat_template=args.chat_template,
     )
     try:
         code = run_http(args, config, frontend, api_key, log_level)
@@ -192,6 +193,7 @@ def run_http(
         log_level=log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         http=timed_h11_protocol(args.read_timeout),
+        access_log=not args.disable_log_requests,
     )
     uv_server = make_uvicorn_server(uv_config, on_exit)
     uv_server.run()

@@ -29,7 +29,7 @@ from .errors import APIError, bad_request, engine_dead, engine_failed, internal_
 from .formatting import SSE_DONE, TextOffsets, chat_logprobs, completion_logprobs, sse, usage
 from .generation import ClientGone, Job, check_request, generate_many, sampling_for_choice
 from .prompts import chat_prompt, completion_prompts
-from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest
+from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest, structured_outputs
 from .request_body import read_request
 from .state import ServerState
 
@@ -63,6 +63,10 @@ def sampling_params(
             stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            structured_outputs=structured_outputs(req),
         )
     except UserError as err:
         raise bad_request(str(err)) from None

@@ -8,7 +8,9 @@ never an overflow inside the engine), and no number is NaN or infinite.
 Every field is declared; an undeclared one is rejected (extra="forbid") with a 400 naming it,
 so a client never believes a feature works when it is ignored. Fields whose defaults OpenAI
 clients send, or that change nothing at their neutral value, are accepted at that value only
-(presence_penalty=0, frequency_penalty=0, logit_bias={}, echo=false, response_format text).
+(logit_bias={}, echo=false). response_format json_object and json_schema constrain the answer
+through a grammar (engine/structured.py: xgrammar, when installed). The penalties have OpenAI's ranges (presence and
+frequency in [-2, 2]) and vLLM's for repetition_penalty (> 0, an extension).
 A JSON null means "not given", as in OpenAI's API. The same models produce /openapi.json
 (openapi.py), so the published schema is the one requests are checked against.
 """
@@ -19,6 +21,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..core.sampling_params import StructuredOutputsParams
+from ..engine import structured
 from .errors import bad_request
 
 MAX_N = 16  # choices per request
@@ -28,7 +32,8 @@ MAX_STOP_CHARS = 256  # a stop string is matched against the text at every token
 MAX_STOP_TOKEN_IDS = 64
 MAX_MESSAGES = 2048  # chat messages, and their content parts in all (counted before validation)
 INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32 device tensors
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # OpenAI's range for seed (a torch.Generator takes it)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # the penalties live in float32 device tensors  # OpenAI's range for seed (a torch.Generator takes it)
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 PromptText = Annotated[str, Field(min_length=1)]
@@ -60,9 +65,39 @@ class ChatMessage(StrictModel):
         return "system" if self.role == "developer" else self.role  # OpenAI's newer name for system
 
 
+class JsonSchema(StrictModel):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # `schema` would shadow pydantic's
+    strict: bool | None = None
+
+
 class ResponseFormat(StrictModel):
-    # json_object / json_schema need structured output, which we lack
-    type: Literal["text"]
+    model_config = ConfigDict(
+        json_schema_extra={  # the rule below, stated in the published schema
+            "if": {"properties": {"type": {"const": "json_schema"}}},
+            "then": {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}},
+            "else": {"properties": {"json_schema": {"type": "null"}}},
+        }
+    )
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = Field(None, description="with type json_schema only")
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema goes with type json_schema, and only with it")
+        return self
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """The grammar this format asks for (None for text)."""
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.type == "json_schema":
+            assert self.json_schema is not None
+            return StructuredOutputsParams(json=self.json_schema.schema_ or {})
+        return None
 
 
 def _needs(field: str, **condition: Any) -> dict[str, Any]:
@@ -99,20 +134,15 @@ class CommonFields(StrictModel):
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")
     user: str | None = None  # an end-user id for the client's own records; changes no output
-    presence_penalty: float = _only(0.0)
-    frequency_penalty: float = _only(0.0)
-    repetition_penalty: float = _only(1.0)  # extension
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(
+        1.0, gt=0, le=FLOAT32_MAX, description="extension: > 1 discourages repeats"
+    )
     logit_bias: dict[str, float] = Field(default_factory=dict, json_schema_extra={"maxProperties": 0})
 
     @model_validator(mode="after")
     def _neutral_only(self) -> CommonFields:
-        for name, neutral in [
-            ("presence_penalty", 0.0),
-            ("frequency_penalty", 0.0),
-            ("repetition_penalty", 1.0),
-        ]:
-            if getattr(self, name) != neutral:
-                raise ValueError(f"{name} is not supported (only {neutral:g})")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported (only {})")
         if self.stream_options is not None and not self.stream:
@@ -200,6 +230,16 @@ class CompletionRequest(CommonFields):
         p = self.prompt
         prompts = 1 if isinstance(p, str) or all(isinstance(x, int) for x in p) else len(p)
         return prompts * self.n
+
+
+def structured_outputs(req: CommonFields) -> StructuredOutputsParams | None:
+    """A chat request's response_format as a grammar; a 400 now when the grammar engine is
+    missing, rather than after the request is queued."""
+    response_format = getattr(req, "response_format", None)
+    spec = response_format.structured() if response_format is not None else None
+    if spec is not None and not structured.available():
+        raise bad_request(structured.MISSING, param="response_format")
+    return spec
 
 
 # What a union field may be, for its error message: pydantic reports one error per branch.

@@ -199,6 +199,7 @@ def run_shell(args: ServeOptions, config: EngineConfig) -> int:
         generation_config=args.generation_config,
         sampling_flags=sampling_flags(args),
         sampling_fallback=SHELL_FALLBACK,
+        chat_template=args.chat_template,
     )
     engine = frontend.engine
     client = SyncEngineClient(engine)

@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     params = cli.sampling_params(args)
     from .engine import LLM
 
+    threads = cli.set_threads(args)
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_context=args.max_seq_len_override)
+    cli.say(threads)  # once the model is up: a bad flag's error stays one line
     (prompt_ids,) = cli.encode_prompts(llm.tokenizer, [args.prompt], args)
     out = llm.generate_one(prompt_ids, params, on_text=lambda text: print(text, end="", flush=True))
     print()

@@ -40,11 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     params = cli.sampling_params(args)
     from .engine import LLM
 
+    threads = cli.set_threads(args)
     llm = LLM(
         args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
         num_pages=args.num_pages, memory_ratio=args.memory_ratio,
         max_running_requests=args.max_running_requests, max_context=args.max_seq_len_override,
     )  # fmt: skip
+    cli.say(threads)  # once the model is up: a bad flag's error stays one line
     ids = cli.encode_prompts(llm.tokenizer, prompts, args)
     start = time.perf_counter()
     outputs = llm.generate(ids, params, progress=len(prompts) > 8)

@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     params = cli.sampling_params(args)
     from .engine import LLM
 
+    threads = cli.set_threads(args)
     llm = LLM(
         args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
         num_pages=args.num_pages, memory_ratio=args.memory_ratio,
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         max_prefill_length=args.max_prefill_length, chunk_policy=args.chunk_policy,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
     )  # fmt: skip
+    cli.say(threads)  # once the model is up: a bad flag's error stays one line
     ids = cli.encode_prompts(llm.tokenizer, prompts, args)
     start = time.perf_counter()
     outputs = cli.generate_staggered(llm, ids, params, args.stagger, progress=len(prompts) > 8)

@@ -15,8 +15,9 @@ Changed from stage 05: engine.py (launch and process, the overlapped loop, abort
 scheduler.py (pending tokens, NeedsDrain, deferred release, abort), request.py (pending tokens),
 runner.py (the token table, pinned copies), graph.py (input tokens read from the token table),
 page_table.py (pinned writes, page lists without a sync), attention/flashinfer_backend.py (the
-plan waits for its previous copy, no sync), __main__.py (`--disable-overlap`). Turn the feature
-off: `--disable-overlap`, `LLM(disable_overlap=True)` or STAGE06_DISABLE_OVERLAP=1.
+plan waits for its previous copy, no sync), __main__.py (`--overlap`, `--disable-overlap`). Turn
+the feature off: `--disable-overlap`, `LLM(disable_overlap=True)` or STAGE06_DISABLE_OVERLAP=1 (it
+is off on the CPU unless asked for: `--overlap on`).
 """
 
 from typing import TYPE_CHECKING

@@ -20,6 +20,7 @@ from .radix_cache import CACHES
 # torch (the scheduler imports it); tests/test_cli_start.py keeps the two equal.
 MAX_PREFILL_LENGTH = 8192
 CHUNK_POLICIES = ("mixed", "prefill-first")
+OVERLAP_MODES = {"auto": None, "on": False, "off": True}  # --overlap -> LLM(disable_overlap=...)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,10 +62,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="largest decode batch captured as a CUDA graph (default: --max-running-requests, at most 256, "
         "on a GPU; 0: off)",
     )  # fmt: skip
-    p.add_argument(
-        "--disable-overlap", action="store_true",
-        help="process each step before scheduling the next (default: overlap them; also STAGE06_DISABLE_OVERLAP=1)",
+    overlap = p.add_mutually_exclusive_group()
+    overlap.add_argument(
+        "--overlap", choices=OVERLAP_MODES, default="auto",
+        help="schedule step N+1 while step N runs; auto: on a GPU, and off on the CPU, where nothing runs "
+        "asynchronously (on: the overlapped loop anyway)",
     )  # fmt: skip
+    overlap.add_argument(
+        "--disable-overlap",
+        dest="overlap",
+        action="store_const",
+        const="off",
+        help="the same as --overlap off",
+    )
     return p.parse_args(argv)
 
 
@@ -74,13 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     params = cli.sampling_params(args)
     from .engine import LLM
 
+    threads = cli.set_threads(args)
     llm = LLM(
         args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
         num_pages=args.num_pages, memory_ratio=args.memory_ratio,
         max_running_requests=args.max_running_requests, max_context=args.max_seq_len_override, cache=args.cache,
         max_prefill_length=args.max_prefill_length, chunk_policy=args.chunk_policy,
-        cuda_graph_max_bs=args.cuda_graph_max_bs, disable_overlap=args.disable_overlap or None,
+        cuda_graph_max_bs=args.cuda_graph_max_bs, disable_overlap=OVERLAP_MODES[args.overlap],
     )  # fmt: skip
+    cli.say(threads)  # once the model is up: a bad flag's error stays one line
     ids = cli.encode_prompts(llm.tokenizer, prompts, args)
     start = time.perf_counter()
     outputs = cli.generate_staggered(llm, ids, params, args.stagger, progress=len(prompts) > 8)
@@ -99,10 +111,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{cli.plural(generated, 'token')} in {elapsed:.2f} s: {generated / elapsed:.1f} output tok/s; "
         f"preemptions: {llm.scheduler.num_preemptions}; prefix cache ({args.cache}): "
         f"{llm.scheduler.num_cached_tokens} of {llm.scheduler.num_prompt_tokens} prompt tokens cached "
-        f"({100 * llm.scheduler.hit_rate:.1f}%); CUDA graphs: {graphs}; overlap: {'on' if llm.overlap else 'off'}",
+        f"({100 * llm.scheduler.hit_rate:.1f}%); CUDA graphs: {graphs}; overlap: {overlap_report(llm)}",
         file=sys.stderr,
     )
     return 0
+
+
+def overlap_report(llm) -> str:
+    if llm.overlap:
+        return "on"
+    return "off (the CPU's default: nothing runs asynchronously)" if llm.device.type == "cpu" else "off"
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ GPU, writes the sampled tokens into the runner's token table and starts their co
 does not wait. `process` waits for those tokens and does the host's bookkeeping: append, stop
 checks, detokenize, finish (a finished request's prompt and answer go to the prefix cache). Without overlap (`disable_overlap=True`, or
 STAGE06_DISABLE_OVERLAP=1) a step is process(launch(schedule())), and the GPU idles while the host
-processes and schedules. With overlap (the default), `step` schedules and launches step N+1 first
-and processes step N while N+1 runs. What keeps that correct:
+processes and schedules. With overlap (the default on a GPU; on a CPU, where `launch` returns with
+the step done and nothing can overlap, only with `disable_overlap=False` or STAGE06_DISABLE_OVERLAP=0,
+as final/'s `--overlap auto`), `step` schedules and launches step N+1 first and processes step N
+while N+1 runs. What keeps that correct:
 
 1. One step in flight at most, and everything on one CUDA stream: a step reads what every
    earlier step wrote (K and V, the page table, the token table), and nothing later. So a prompt
@@ -115,8 +117,10 @@ class LLM:
         )  # fmt: skip
         self.eos_ids = set(self.config.eos_token_ids)
         self.next_rid = 0
-        if disable_overlap is None:
-            disable_overlap = os.environ.get(DISABLE_OVERLAP_ENV, "0") not in ("", "0")
+        if disable_overlap is None and os.environ.get(DISABLE_OVERLAP_ENV, ""):
+            disable_overlap = os.environ[DISABLE_OVERLAP_ENV] != "0"
+        if disable_overlap is None:  # auto, as final/'s: only a GPU runs a step while the host works
+            disable_overlap = self.device.type != "cuda"
         self.overlap = not disable_overlap
         self.in_flight: Launched | None = None  # the step launched and not yet processed
 

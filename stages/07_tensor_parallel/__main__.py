@@ -25,6 +25,7 @@ from .radix_cache import CACHES
 # torch (the scheduler imports it); tests/test_cli_start.py keeps the two equal.
 MAX_PREFILL_LENGTH = 8192
 CHUNK_POLICIES = ("mixed", "prefill-first")
+OVERLAP_MODES = {"auto": None, "on": False, "off": True}  # --overlap -> LLM(disable_overlap=...)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,12 +67,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="largest decode batch captured as a CUDA graph (default: --max-running-requests, at most 256, "
         "on a GPU; 0: off)",
     )  # fmt: skip
-    p.add_argument(
-        "--disable-overlap", action="store_true",
-        help="process each step before scheduling the next (default: overlap them; also STAGE06_DISABLE_OVERLAP=1)",
+    overlap = p.add_mutually_exclusive_group()
+    overlap.add_argument(
+        "--overlap", choices=OVERLAP_MODES, default="auto",
+        help="schedule step N+1 while step N runs; auto: on a GPU, and off on the CPU, where nothing runs "
+        "asynchronously (on: the overlapped loop anyway)",
     )  # fmt: skip
+    overlap.add_argument(
+        "--disable-overlap",
+        dest="overlap",
+        action="store_const",
+        const="off",
+        help="the same as --overlap off",
+    )
     p.add_argument(
-        "--tp", type=int, default=1,
+        "--tp", "--tp-size", "--tensor-parallel-size", type=int, default=1,
         help="tensor-parallel degree: the model sharded over this many processes, rank i on GPU i (gloo on the "
         "CPU); 1: off",
     )  # fmt: skip
@@ -100,14 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     from .engine import LLM
     from .ranks import FAILED_EXIT_CODE, RankFailure
 
+    threads = cli.set_threads(args)
     llm = LLM(
         args.model, device=args.device, dtype=args.dtype, attn=args.attn, page_size=args.page_size,
         num_pages=args.num_pages, memory_ratio=args.memory_ratio,
         max_running_requests=args.max_running_requests, max_context=args.max_seq_len_override, cache=args.cache,
         max_prefill_length=args.max_prefill_length, chunk_policy=args.chunk_policy,
-        cuda_graph_max_bs=args.cuda_graph_max_bs, disable_overlap=args.disable_overlap or None, tp=args.tp,
+        cuda_graph_max_bs=args.cuda_graph_max_bs, disable_overlap=OVERLAP_MODES[args.overlap], tp=args.tp,
         nnodes=args.nnodes, dist_init_addr=args.dist_init_addr, dist_timeout=args.dist_timeout,
     )  # fmt: skip
+    cli.say(threads)  # once the model is up: a bad flag's error stays one line
     with llm:
         ids = cli.encode_prompts(llm.tokenizer, prompts, args)
         start = time.perf_counter()
@@ -131,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{cli.plural(generated, 'token')} in {elapsed:.2f} s: {generated / elapsed:.1f} output tok/s; "
         f"preemptions: {llm.scheduler.num_preemptions}; prefix cache ({args.cache}): "
         f"{llm.scheduler.num_cached_tokens} of {llm.scheduler.num_prompt_tokens} prompt tokens cached "
-        f"({100 * llm.scheduler.hit_rate:.1f}%); CUDA graphs: {graphs}; overlap: {'on' if llm.overlap else 'off'}; "
+        f"({100 * llm.scheduler.hit_rate:.1f}%); CUDA graphs: {graphs}; overlap: {overlap_report(llm)}; "
         f"tensor parallelism: {cli.plural(args.tp, 'rank')}",
         file=sys.stderr,
     )
@@ -148,6 +160,12 @@ def serve_node(args: argparse.Namespace) -> int:
     from .ranks import serve_node
 
     return serve_node(args.tp, args.nnodes, args.node_rank, args.dist_init_addr)
+
+
+def overlap_report(llm) -> str:
+    if llm.overlap:
+        return "on"
+    return "off (the CPU's default: nothing runs asynchronously)" if llm.device.type == "cpu" else "off"
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stages.common.devices import cpu_threads
 from stages.common.errors import UserError
 
 from .distributed import TPInfo, close_groups, init_groups
@@ -133,12 +134,10 @@ def describe_exit(rank: int, pid: int, code: int) -> str:
 
 
 def cpu_threads_per_rank(ranks_on_node: int) -> int | None:
-    """On the CPU, the node's cores shared out among its ranks (None when OMP_NUM_THREADS says):
-    the ranks meet in every all-reduce, so one rank whose threads wait for a core stalls them all."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // ranks_on_node)
+    """On the CPU, each rank's share of the node's cores, by the rule of every stage and final/
+    (stages/common/devices.py; None when OMP_NUM_THREADS says): the ranks meet in every
+    all-reduce, so one rank whose threads wait for a core stalls them all."""
+    return cpu_threads(None, ranks_on_node)
 
 
 # --8<-- [start:spawn]

@@ -12,7 +12,10 @@ model's chat template whenever the model has one; `--raw` sends the text as it i
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +37,13 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -41,15 +51,48 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+class FlagParser(argparse.ArgumentParser):
+    """argparse with one rule for flags, the same in every stage and in final/: a flag is spelled
+    out (no abbreviations, which a new flag could silently change the meaning of), and a flag it
+    does not know gets the nearest it does: `--max-token 8` -> "did you mean --max-tokens?"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            known = list(self._option_string_actions)
+            hints = {}
+            for item in extras:
+                flag = item.split("=", 1)[0]
+                near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag.startswith("-") else []
+                if near:
+                    hints[flag] = near[0]
+            if len(hints) == 1:
+                hint = f"; did you mean {next(iter(hints.values()))}?"
+            else:
+                hint = "".join(f"; {flag}: did you mean {near}?" for flag, near in hints.items())
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return namespace
+
+
 def new_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
+    return FlagParser(prog=prog, description=description, formatter_class=HelpFormatter)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF model folder or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (CUDA when available)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    p.add_argument("--max-seq-len-override", type=int, default=None, help="cap the context length")
+    p.add_argument(
+        "--max-seq-len-override", "--max-model-len", type=int, default=None, help="cap the context length"
+    )
+    p.add_argument(
+        "--threads", type=positive_int, default=None,
+        help="PyTorch threads on the CPU (default: one per usable CPU, less one; OMP_NUM_THREADS, when set, as it is)",
+    )  # fmt: skip
 
 
 def add_prompt_args(p: argparse.ArgumentParser, many: bool) -> None:
@@ -74,7 +117,10 @@ def add_prompt_args(p: argparse.ArgumentParser, many: bool) -> None:
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
-    p.add_argument("--max-tokens", type=int, default=max_tokens, help="most tokens to generate per prompt")
+    p.add_argument(
+        "--max-tokens", type=int, default=max_tokens,
+        help="most tokens to generate per prompt; 0: no cap (until end-of-sequence or the context is full)",
+    )  # fmt: skip
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     p.add_argument("--top-k", type=int, default=-1, help="keep the k likeliest tokens (-1: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold")
@@ -87,10 +133,32 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     from .sampling import SamplingParams  # torch: only once the arguments are known to be good
 
+    if args.max_tokens < 0:
+        raise UserError(f"max_tokens must be >= 0 (0: no cap), got {args.max_tokens}")
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-        max_tokens=args.max_tokens, stop=args.stop, ignore_eos=args.ignore_eos,
+        max_tokens=args.max_tokens or None, stop=args.stop, ignore_eos=args.ignore_eos,
     )  # fmt: skip
+
+
+def set_threads(args: argparse.Namespace) -> str | None:
+    """On the CPU, PyTorch's threads by the rule every stage and final/ follow
+    (devices.cpu_threads); returns the line that says so (None on a GPU), for `say` to print once
+    the model is up (a bad flag's error stays one line). `--threads N` is passed on as
+    OMP_NUM_THREADS too, so the processes a stage starts (stage 07's ranks) take it."""
+    from .devices import pick_device, set_cpu_threads
+
+    if args.threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    if pick_device(args.device).type != "cpu":
+        return None
+    return set_cpu_threads(args.threads, getattr(args, "tp", 1))
+
+
+def say(line: str | None) -> None:
+    """A start-up line on stderr, in brackets like the stages' closing report."""
+    if line is not None:
+        print(f"[{line}]", file=sys.stderr)
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:

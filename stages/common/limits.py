@@ -22,7 +22,7 @@ def max_new_tokens(
         )
     if max(prompt_ids) >= vocab_size or min(prompt_ids) < 0:
         raise UserError(f"prompt token ids must be in [0, {vocab_size})")
-    return min(params.max_tokens, room)
+    return room if params.max_tokens is None else min(params.max_tokens, room)
 
 
 def finish_reason(
