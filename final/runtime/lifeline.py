@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from ..engine.messages import Shutdown
+from ..engine.wire import encode_object
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +85,15 @@ class Outbox:
         self.sock, self.inbox, self.parent = sock, inbox, parent
 
     def send(self, msg: Any) -> None:
+        """A message other than a step's outputs (EngineStats), pickled."""
+        self.send_frames(encode_object(msg))
+
+    def send_frames(self, frames: list[Any]) -> None:
+        """One multipart message (engine/wire.py), its arrays sent without a copy."""
         waited = False
         while True:
             try:
-                self.sock.send_pyobj(msg)
+                self.sock.send_multipart(frames, copy=False)
                 return
             except zmq.Again:
                 if self.parent.gone():

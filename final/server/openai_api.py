@@ -22,12 +22,12 @@ from fastapi.responses import JSONResponse, Response
 from ..core.errors import UserError
 from ..core.sampling_params import SamplingParams
 from ..engine.messages import ENGINE_DEAD
-from ..frontend.request_state import OutputDelta, RequestState
+from ..frontend.mailbox import TokenUpdate
 from ..frontend.sampling_defaults import fit_default_max_tokens
 from .admission import Ticket, TicketedStream
 from .errors import APIError, bad_request, engine_dead, engine_failed, internal_error, model_not_found
 from .formatting import SSE_DONE, TextOffsets, chat_logprobs, completion_logprobs, sse, usage
-from .generation import ClientGone, Job, check_request, generate_many, sampling_for_choice
+from .generation import ClientGone, Job, Served, check_request, generate_many, sampling_for_choice
 from .prompts import chat_prompt, completion_prompts
 from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest
 from .request_body import read_request
@@ -78,7 +78,7 @@ class Choice:
     finish_reason: str | None = None
 
 
-def _engine_error(request: RequestState) -> APIError:
+def _engine_error(request: Served) -> APIError:
     """What a request the engine failed (or refused) tells its client. The engine's own words are
     for the log: they name processes, signals and exceptions."""
     message = request.error or "the engine failed"
@@ -102,16 +102,26 @@ async def _collect(state: ServerState, jobs: list[Job], http: Request) -> tuple[
             choice = choices[index]
             choice.text += out.text
             choice.token_ids += out.token_ids
-            choice.logprobs += out.logprobs
+            choice.logprobs += out.logprobs or []
             choice.finish_reason = out.finish_reason or choice.finish_reason
-            cached = max(cached, request.output.cached_tokens)
+            cached = max(cached, request.cached_tokens)
     return choices, cached
 
 
 async def _stream(
-    state: ServerState, jobs: list[Job], http: Request, chunk: Any, first_chunks: list[dict], final_usage: Any
+    state: ServerState,
+    jobs: list[Job],
+    http: Request,
+    chunk: Any,
+    first_chunks: list[dict],
+    final_usage: Any,
+    timing: bool = False,
 ) -> AsyncIterator[str]:
-    """SSE frames: first_chunks, one chunk per delta (chunk(index, out)), then usage and [DONE]."""
+    """SSE frames: first_chunks, one chunk per engine step (chunk(index, out)), each written as
+    it comes, then usage and [DONE]. `timing` (stream_options.include_timing) adds to each frame
+    with tokens when they reached the engine's host, left the detokenizer and left this process
+    (time.monotonic(): one clock for every process of the machine, so a client on the same machine
+    splits its latency into the engine's part and the frontend's)."""
     completion_tokens, cached = 0, 0
     try:
         for first in first_chunks:
@@ -124,8 +134,15 @@ async def _stream(
                     failed = True
                     break
                 completion_tokens += len(out.token_ids)
-                cached = max(cached, request.output.cached_tokens)
-                for frame in chunk(index, out):
+                cached = max(cached, request.cached_tokens)
+                frames = chunk(index, out)
+                if timing and frames and out.token_ids:
+                    frames[0]["timing"] = {
+                        "engine": out.tokens_at,
+                        "detokenized": out.detokenized_at,
+                        "sent": time.monotonic(),
+                    }
+                for frame in frames:
                     yield sse(frame)
         if final_usage is not None and not failed:
             yield sse(final_usage(completion_tokens, cached))
@@ -217,10 +234,10 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         }
 
-    def chunk(index: int, out: OutputDelta) -> list[dict]:
+    def chunk(index: int, out: TokenUpdate) -> list[dict]:
         frames = []
         if out.text or (want_logprobs and out.token_ids):
-            lp = chat_logprobs(state.tokenizer, out.token_ids, out.logprobs) if want_logprobs else None
+            lp = chat_logprobs(state.tokenizer, out.token_ids, out.logprobs or []) if want_logprobs else None
             frames.append(frame(index, {"content": out.text}, lp))
         if out.finish_reason:
             frames.append(frame(index, {}, finish=out.finish_reason))
@@ -230,7 +247,9 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
         return {**base, "choices": [], "usage": usage(len(prompt_ids), completion_tokens, cached)}
 
     firsts = [frame(i, {"role": "assistant", "content": ""}) for i in range(req.n)]
-    stream = _stream(state, jobs, http, chunk, firsts, final_usage if req.include_usage else None)
+    stream = _stream(
+        state, jobs, http, chunk, firsts, final_usage if req.include_usage else None, req.include_timing
+    )
     return TicketedStream(ticket, stream)
 
 
@@ -282,17 +301,19 @@ async def _completion(state: ServerState, req: CompletionRequest, http: Request,
         base["usage"] = None
     offsets = [TextOffsets(state.tokenizer, job.prompt_ids) for job in jobs]  # of each choice's next token
 
-    def chunk(index: int, out: OutputDelta) -> list[dict]:
+    def chunk(index: int, out: TokenUpdate) -> list[dict]:
         if not (out.text or out.finish_reason or (want_logprobs and out.token_ids)):
             return []
         lp = None
         if want_logprobs:
-            lp = completion_logprobs(state.tokenizer, out.token_ids, out.logprobs, offsets[index])
+            lp = completion_logprobs(state.tokenizer, out.token_ids, out.logprobs or [], offsets[index])
         choice = {"index": index, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
         return [{**base, "choices": [choice]}]
 
     def final_usage(completion_tokens: int, cached: int) -> dict | None:
         return {**base, "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached)}
 
-    stream = _stream(state, jobs, http, chunk, [], final_usage if req.include_usage else None)
+    stream = _stream(
+        state, jobs, http, chunk, [], final_usage if req.include_usage else None, req.include_timing
+    )
     return TicketedStream(ticket, stream)
