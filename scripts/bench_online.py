@@ -181,6 +181,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="send prompts as text of the same token counts under this folder's tokenizer",
     )  # fmt: skip
     p.add_argument(
+        "--server-args", default="",
+        help="the flags the server was started with beyond the comparison's (recorded in the results' config)",
+    )  # fmt: skip
+    p.add_argument(
         "--timing", action="store_true",
         help="ask for final/'s per-chunk timing (stream_options.include_timing): the engine's and the "
         "frontend's share of each token's latency",
@@ -231,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 "api": args.api,
                 "prompt": "text" if tokenizer is not None else "ids",
                 "step_source": step_source(records),
+                **({"server_args": args.server_args} if args.server_args else {}),
                 **{k: v for k, v in load.settings.items() if k != "rate"},
             },  # fmt: skip
             "hardware": info,

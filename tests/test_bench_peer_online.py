@@ -217,3 +217,23 @@ def test_the_performance_page_pairs_online_rows_by_rate_and_call():
     assert "`final_online_h200_rate8`, `peer_minisgl_online_h200_rate8`" in h200
     assert not any(title.startswith(("online 32", "online inf")) for title in rows)
     assert "online" not in page.split("### H200")[0]  # the H100 has none
+
+
+def test_final_args_reach_final_s_server_and_its_results():
+    """bench_server_online --final-args: the flags end final/'s command, are recorded in the
+    results (--server-args), and final/'s runs ask for its per-token timing (issue 27)."""
+    cmd = bench_server_online.server_command("final", Path("ckpt"), 4000, python="py",
+                                             final_args="--chunk-policy prefill-first")  # fmt: skip
+    assert cmd[-2:] == ["--chunk-policy", "prefill-first"]
+    with pytest.raises(ValueError, match="--final-args"):
+        bench_server_online.server_command("mini-sglang", Path("ckpt"), 4000, final_args="--x 1")
+    argv = ["--engine", "final", "--model", "ckpt", "--out-dir", "r", "--name", "n",
+            "--final-args", "--chunk-policy prefill-first", "--num-requests", "64"]  # fmt: skip
+    bench = bench_server_online.bench_command(bench_server_online.parse_args(argv), "http://h:1")
+    assert "--timing" in bench and bench[bench.index("--server-args") + 1] == "--chunk-policy prefill-first"
+    assert bench[bench.index("--num-requests") + 1] == "64"
+    peer = bench_server_online.parse_args(
+        ["--engine", "mini-sglang", "--model", "m", "--out-dir", "r", "--name", "n"]
+    )
+    assert "--timing" not in bench_server_online.bench_command(peer, "http://h:1")
+    assert peer.rates == "8,32,64,inf"

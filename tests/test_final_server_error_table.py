@@ -31,7 +31,7 @@ from final.frontend.request_state import RequestState
 from final.frontend.tokenizer import Tokenizer
 from final.server.launch import ENGINE_LOST_EXIT
 from final.server.openai_api import _engine_error
-from tests.fixtures.live_server import Server
+from tests.fixtures.live_server import Server, is_engine_process
 
 psutil = pytest.importorskip("psutil", reason="the terminal rows stop the engine with psutil")
 
@@ -81,7 +81,7 @@ def raw(server: Server, head: str, body: bytes = b"") -> httpx.Response:
 
 def engine_of(server: Server) -> psutil.Process:
     children = psutil.Process(server.proc.pid).children(recursive=True)
-    return next(p for p in children if "spawn_main" in " ".join(p.cmdline()))
+    return next(p for p in children if is_engine_process(p))
 
 
 def in_flight(server: Server, count: int) -> None:

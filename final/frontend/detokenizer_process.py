@@ -37,11 +37,12 @@ from ..core.errors import UserError
 from ..core.logs import setup_logging
 from ..engine.messages import AbortRequest, AddRequest
 from ..engine.wire import OBJECT, StepColumns, decode, encode
-from ..runtime.lifeline import ParentWatch, die_with_parent
+from ..runtime.lifeline import ParentWatch, die_with_parent, name_process
 from ..runtime.process import EngineProcess
 
 log = logging.getLogger(__name__)
 
+PROCESS_NAME = "final-detok"  # what ps and top show for it (the engine's is Python's own)
 IDLE_POLL_MS = 500  # how often an idle detokenizer checks that its parent is alive
 STOP_GRACE_S = 2.0
 
@@ -111,6 +112,7 @@ def detokenizer_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
     parent = ParentWatch()
     die_with_parent()
+    name_process(PROCESS_NAME)
     setup_logging(log_level)
     from .step_text import StepDetokenizer
     from .tokenizer import Tokenizer
