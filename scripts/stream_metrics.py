@@ -15,6 +15,8 @@ machine): a token's latency then splits into the engine's part and the frontend'
                      apart that arrived together (the issue-27 goal: at most 5% below saturation)
     burst_share_2ms  share of the client's gaps under 2 ms
     smooth_streams_share    share of requests with at most 5% of their gaps under half the step
+    frontend_burst_share    share of gaps at the client under half the same two tokens' gap at
+                     the engine: the bursts the frontend made (with timing only)
     engine_itl_ms    the gaps on the engine's clock
     frontend_ms      a token's time from the engine's host to the client (detokenizer, API process,
                      HTTP); server_ms of it until the server wrote it, network_ms the rest
@@ -47,7 +49,7 @@ class Record:
         return self.chunk_times[-1] - self.sent
 
     def gaps_ms(self) -> list[float]:
-        return [(b - a) * 1e3 for a, b in zip(self.chunk_times, self.chunk_times[1:], strict=False)]
+        return _gaps(self.chunk_times)
 
     def timed(self) -> bool:
         return bool(self.chunk_times) and len(self.engine_times) == len(self.chunk_times)
@@ -67,6 +69,10 @@ def spread(name: str, values: list[float]) -> dict[str, float]:
             f"{name}_p99": percentile(values, 99)}  # fmt: skip
 
 
+def _gaps(times: list[float]) -> list[float]:
+    return [(b - a) * 1e3 for a, b in zip(times, times[1:], strict=False)]
+
+
 def step_source(records: list[Record]) -> str:
     """Where step_ms_p50 comes from: the engine's clock, or (a server without timing) the TPOT."""
     return (
@@ -76,9 +82,7 @@ def step_source(records: list[Record]) -> str:
 
 def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
     timed = [r for r in done if r.timed()]
-    engine_gaps = [
-        (b - a) * 1e3 for r in timed for a, b in zip(r.engine_times, r.engine_times[1:], strict=False)
-    ]
+    engine_gaps = [g for r in timed for g in _gaps(r.engine_times)]
     step = percentile(engine_gaps, 50) if engine_gaps else percentile(tpot, 50)
     gaps = [g for r in done for g in r.gaps_ms()]
     if not gaps or math.isnan(step):
@@ -92,6 +96,12 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
         "smooth_streams_share": sum(s <= SMOOTH_MAX_BURSTS for s in per_stream) / len(per_stream),
     }
     if engine_gaps:
+        # Bursts the frontend made: a gap at the client under half the same two tokens' gap at the
+        # engine (the engine's own uneven steps, a prefill among decodes, are not counted).
+        pairs = [
+            (c, e) for r in timed for c, e in zip(r.gaps_ms(), _gaps(r.engine_times), strict=True) if e > 0
+        ]
+        out["frontend_burst_share"] = sum(c < e / 2 for c, e in pairs) / len(pairs) if pairs else 0.0
         frontend = [(c - e) * 1e3 for r in timed for c, e in zip(r.chunk_times, r.engine_times, strict=True)]
         server = [(w - e) * 1e3 for r in timed for w, e in zip(r.written_times, r.engine_times, strict=False)]
         network = [(c - w) * 1e3 for r in timed for c, w in zip(r.chunk_times, r.written_times, strict=False)]
