@@ -87,6 +87,32 @@ def test_64_streams_arrive_a_step_apart_not_in_bursts(server):
     pytest.fail(f"the client read bursts in {ATTEMPTS} runs, though the server wrote the frames a step apart")
 
 
+SATURATION_STREAMS, SATURATION_TICK_S = 256, 0.020  # 12,800 tokens a second: the issue's saturation
+
+
+@pytest.fixture(scope="module")
+def saturated(tiny_qwen3_dir, tmp_path_factory):
+    s = Server(tiny_qwen3_dir, tmp_path_factory.mktemp("saturated") / "server.log", "--served-model-name", "tiny",
+               "--log-level", "warning", "--max-running-requests", "512", module="tests.fixtures.ticking_server",
+               env={"TICK_S": str(SATURATION_TICK_S)})  # fmt: skip
+    yield s
+    s.stop()
+
+
+def test_at_saturation_the_server_writes_each_stream_a_step_apart(saturated):
+    """The issue's saturation (256 streams, a token each every 20 ms), more than the API process of
+    this CPU can serve in time: its frames fall behind, and they must stay a step apart as it
+    writes them (the steps wait in the socket, in order), never several of one stream at once.
+    Judged by the server's own clock: on a 2-core machine the client reading 256 streams falls
+    behind too, and its reading times say more about it than about the server."""
+    records = run_streams(saturated, SATURATION_STREAMS, 40)
+    assert all(r.status == 200 and r.done for r in records)
+    assert [len(r.text_times()) for r in records] == [40] * SATURATION_STREAMS
+    sent = server_gaps_ms(records, "sent")
+    assert sent is not None, "the server says nothing of when it wrote its frames"
+    assert burst_share(sent) <= MAX_BURST_SHARE, f"{burst_share(sent):.1%} of the frames written in bursts"
+
+
 def test_timing_splits_a_tokens_latency(server):
     """The timing a frame carries is the engine's clock, then the detokenizer's, then the API's,
     in that order, and the engine's are a step apart (the stand-in's 10 ms clock)."""

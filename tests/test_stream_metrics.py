@@ -19,13 +19,13 @@ def record(engine_ms: list[float], client_ms: list[float], timed: bool = True) -
 STREAMS = [
     record([0, 10, 20, 30, 40], [1, 11, 21, 31.5, 31.6]),  # the frontend held two tokens together
     record([0, 10, 20, 21], [2, 12, 22, 23]),  # the engine's own short step: no frontend burst
-    record([0, 10, 20], [1, 11, 21]),  # smooth
+    record([0, 10, 20], [1, 11, 18]),  # smooth: a frame 3 ms early is no burst
 ]
 
 
 def test_bursts_are_counted_against_half_the_engines_step():
     m = summarize(STREAMS, duration=1.0)
-    # Engine gaps: 10 (x8) and 1: the step is 10 ms. Client gaps: 10, 10, 10.5, 0.1 | 10, 10, 1 | 10, 10.
+    # Engine gaps: 10 (x8) and 1: the step is 10 ms. Client gaps: 10, 10, 10.5, 0.1 | 10, 10, 1 | 10, 7.
     assert m["step_ms_p50"] == pytest.approx(10.0)
     assert m["burst_share_half_step"] == pytest.approx(2 / 9)  # 0.1 and 1 are under 5 ms
     assert m["burst_share_2ms"] == pytest.approx(2 / 9)
