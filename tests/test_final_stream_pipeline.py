@@ -67,7 +67,8 @@ def test_a_batch_gives_each_request_what_it_would_get_alone(tok):
     requests = {}
     for rid in range(8):
         ids = tok.encode(texts[rid % len(texts)])
-        requests[rid] = (tok.encode("prompt")[-4:], ids, ["12345"] if rid % 3 == 0 else [])
+        stop = ["12345"] if rid % 4 == 1 else ["zzz", "ü"] if rid % 4 == 3 else []  # hits in 1, 3 and 5, 7
+        requests[rid] = (tok.encode("prompt")[-4:], ids, stop)
     detok = StepDetokenizer(tok)
     for rid, (prompt, _, stop) in requests.items():
         detok.add(rid, prompt, stop)
