@@ -130,6 +130,10 @@ class AsyncEngineClient:
                 continue
             if isinstance(msg, StepColumns):
                 self._deliver(msg)
+                # Let the requests just woken write their frames before the next step is read: a
+                # loop that runs late then serves one step per turn, each stream's frames a step
+                # apart, instead of handing a request two steps to write back to back.
+                await asyncio.sleep(0)
             elif isinstance(msg, EngineStats):
                 self.last_stats = msg
                 future = self.stats_waiters.get(msg.query_id)
