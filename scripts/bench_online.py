@@ -39,6 +39,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,20 @@ def chunk_text(chunk: dict[str, Any]) -> str:
     return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
 
 
+async def events(response: httpx.Response) -> AsyncIterator[tuple[float, dict[str, Any]]]:
+    """The stream's data events, each with the time the read that completed it returned: the
+    clock is read as the bytes arrive, not after the events before them were parsed (frames that
+    arrived together keep one time, as they should)."""
+    pending = b""
+    async for piece in response.aiter_bytes():
+        at = time.monotonic()
+        *complete, pending = (pending + piece).replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in complete:
+            for line in event.split(b"\n"):
+                if line.startswith(b"data: ") and line != b"data: [DONE]":
+                    yield at, json.loads(line[6:])
+
+
 async def send(
     http: httpx.AsyncClient, url: str, model: str, item: workloads.WorkItem, record: Record,
     api: str = "completions", prompt: str | list[int] | None = None, timing: bool = False,
@@ -82,10 +97,7 @@ async def send(
             if response.status_code != 200:
                 record.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            async for at, chunk in events(response):
                 if "error" in chunk:
                     record.error = chunk["error"]["message"]
                     return
@@ -96,7 +108,7 @@ async def send(
                 if chunk["choices"][0].get("finish_reason") is None:
                     token_chunks += 1
                 if chunk_text(chunk):
-                    record.chunk_times.append(time.monotonic())
+                    record.chunk_times.append(at)
                     if "timing" in chunk:  # final/'s stream_options.include_timing
                         record.engine_times.append(chunk["timing"]["engine"])
                         record.written_times.append(chunk["timing"]["sent"])

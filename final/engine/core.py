@@ -76,9 +76,7 @@ class EngineCore:
         self.overlap = config.overlap
         self.in_flight: deque[StepHandle] = deque()  # launched, not yet collected (at most one)
         self.failed_alone: list[RequestDelta] = []  # requests dropped alone since the last step returned
-        # time.monotonic() when the last collected step's tokens reached the host: the engine's end
-        # of a token's latency, sent with the step's outputs (engine/wire.py)
-        self.tokens_ready_at = 0.0
+        self.tokens_ready_at = 0.0  # monotonic time the last collected step's tokens reached the host
 
     @property
     def device(self) -> torch.device:
