@@ -97,8 +97,8 @@ class EngineProcess:
 
 
 def set_cpu_threads(device: str) -> None:
-    """On the CPU, leave one core to the frontend process (HTTP, tokenizer, detokenizer). PyTorch's
-    intra-op threads spin while they wait; when they outnumber the free cores, every matmul waits
+    """On the CPU, leave one core to the frontend (HTTP and tokenizer; the server's detokenizer
+    process). PyTorch's intra-op threads spin while they wait; when they outnumber the free cores, every matmul waits
     on a descheduled thread, and a step can take 40x longer. OMP_NUM_THREADS, when set, wins."""
     if device.startswith("cuda") or "OMP_NUM_THREADS" in os.environ:
         return
