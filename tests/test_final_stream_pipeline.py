@@ -156,3 +156,30 @@ def test_mailbox_hands_over_every_step_apart_and_wakes_once():
     got, wakes = asyncio.run(scenario())
     assert got == [["a", "b"], []]
     assert wakes == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# A chunk serialized once
+
+
+@pytest.mark.parametrize(
+    "text", ["", " hello", 'quote " and \\ slash', "line\nbreak\t", "é🙂日本", "\u2028\x00\x7f"]
+)
+def test_a_text_frame_is_json_dumps_of_its_chunk(text):
+    import json
+
+    from final.server.formatting import TextFrame, with_field
+
+    def chunk(t: str) -> dict:
+        return {
+            "id": "x",
+            "usage": None,
+            "choices": [{"index": 2, "delta": {"content": t}, "finish_reason": None}],
+        }
+
+    frame = TextFrame(chunk)
+    assert frame.json(text) == json.dumps(chunk(text), ensure_ascii=False)
+    stamps = {"engine": 1.5, "sent": 2.25}
+    assert with_field(frame.json(text), "timing", stamps) == json.dumps(
+        {**chunk(text), "timing": stamps}, ensure_ascii=False
+    )

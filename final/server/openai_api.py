@@ -24,7 +24,7 @@ from ..frontend.mailbox import TokenUpdate
 from ..frontend.sampling_defaults import fit_default_max_tokens
 from .admission import Ticket, TicketedStream
 from .errors import bad_request, engine_dead, model_not_found
-from .formatting import TextOffsets, chat_logprobs, completion_logprobs, usage
+from .formatting import TextFrame, TextOffsets, chat_logprobs, completion_logprobs, usage
 from .generation import Job, check_request, generate_many, sampling_for_choice
 from .prompts import chat_prompt, completion_prompts
 from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest
@@ -173,8 +173,13 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         }
 
-    def chunk(index: int, out: TokenUpdate) -> list[dict]:
-        frames = []
+    # The common chunk, text alone, serialized once per choice (formatting.TextFrame).
+    texts = [TextFrame(lambda text, i=i: frame(i, {"content": text})) for i in range(req.n)]
+
+    def chunk(index: int, out: TokenUpdate) -> list[dict | str]:
+        if out.text and not want_logprobs and not out.finish_reason:
+            return [texts[index].json(out.text)]
+        frames: list[dict | str] = []
         if out.text or (want_logprobs and out.token_ids):
             lp = chat_logprobs(state.tokenizer, out.token_ids, out.logprobs or []) if want_logprobs else None
             frames.append(frame(index, {"content": out.text}, lp))
@@ -240,7 +245,15 @@ async def _completion(state: ServerState, req: CompletionRequest, http: Request,
         base["usage"] = None
     offsets = [TextOffsets(state.tokenizer, job.prompt_ids) for job in jobs]  # of each choice's next token
 
-    def chunk(index: int, out: TokenUpdate) -> list[dict]:
+    def text_choice(index: int, text: str) -> dict:
+        return {**base, "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": None}]}
+
+    # The common chunk, text alone, serialized once per choice (formatting.TextFrame).
+    texts = [TextFrame(lambda text, i=i: text_choice(i, text)) for i in range(len(jobs))]
+
+    def chunk(index: int, out: TokenUpdate) -> list[dict | str]:
+        if out.text and not want_logprobs and not out.finish_reason:
+            return [texts[index].json(out.text)]
         if not (out.text or out.finish_reason or (want_logprobs and out.token_ids)):
             return []
         lp = None

@@ -13,7 +13,7 @@ from fastapi import Request
 
 from ..engine.messages import ENGINE_DEAD
 from .errors import APIError, bad_request, engine_dead, engine_failed, internal_error
-from .formatting import SSE_DONE, sse
+from .formatting import SSE_DONE, sse, with_field
 from .generation import ClientGone, Job, Served, generate_many
 from .state import ServerState
 
@@ -43,7 +43,8 @@ async def stream_sse(
     final_usage: Any,
     timing: bool = False,
 ) -> AsyncIterator[str]:
-    """SSE frames: first_chunks, one chunk per engine step (chunk(index, out)), each written as
+    """SSE frames: first_chunks, one chunk per engine step (chunk(index, out): dicts, or JSON text
+    from formatting.TextFrame), each written as
     it comes, then usage and [DONE]. `timing` (stream_options.include_timing) adds to each frame
     with tokens when they reached the engine's host, left the detokenizer and left this process
     (time.monotonic(): one clock for every process of the machine, so a client on the same machine
@@ -63,11 +64,12 @@ async def stream_sse(
                 cached = max(cached, request.cached_tokens)
                 frames = chunk(index, out)
                 if timing and frames and out.token_ids:
-                    frames[0]["timing"] = {
+                    stamps = {
                         "engine": out.tokens_at,
                         "detokenized": out.detokenized_at,
                         "sent": time.monotonic(),
                     }
+                    frames[0] = with_field(frames[0], "timing", stamps)
                 for frame in frames:
                     yield sse(frame)
         if final_usage is not None and not failed:
