@@ -1,7 +1,7 @@
 """Online benchmark: Poisson arrivals against a running server; TTFT, ITL and throughput.
 
     python -m final --model /path/to/model &            # any OpenAI-compatible server
-    python scripts/bench_online.py --url http://127.0.0.1:1919 --rates 1,2,4,8,inf
+    python scripts/bench_online.py --url http://127.0.0.1:1919 --rates 8,32,64,inf --timing
     python scripts/bench_online.py --scale 0.02 --rates 2,inf   # a CPU smoke run in a minute
 
 The workload is `online` from stages/common/workloads.py: the offline benchmark's requests
@@ -14,6 +14,9 @@ them all at once). Each request streams from /v1/completions. Per rate we measur
     tpot_ms     per request, (last token - first token) / (tokens - 1)
     e2e_ms      time from sending a request to its last token
     output_tok_per_s, requests_per_s over the whole run
+    burst_share_half_step, burst_share_2ms, smooth_streams_share, step_ms_p50: how smooth the
+                streams were, and with --timing (final/'s per-chunk timing) the engine's and the
+                frontend's share of each token's latency (scripts/stream_metrics.py says how)
 
 and write one JSON result per rate into --out-dir (benchmarks/README.md's schema), named
 `<name>_rate<R>`; `name` defaults to final_online_<device>. One warm-up request precedes each rate
@@ -34,10 +37,9 @@ import asyncio
 import json
 import math
 import re
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -50,35 +52,11 @@ except ImportError:  # the GPU host's offline kit ships httpx2 (what openai itse
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.stream_metrics import Record, step_source, summarize  # noqa: E402
 from stages.common import hardware, workloads  # noqa: E402
 from stages.common.bench import stamp_run_id  # noqa: E402
 
 APIS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-
-
-@dataclass
-class Record:
-    sent: float = 0.0
-    chunk_times: list[float] = field(default_factory=list)
-    completion_tokens: int = 0
-    error: str | None = None
-
-    @property
-    def ttft(self) -> float:
-        return self.chunk_times[0] - self.sent
-
-    @property
-    def e2e(self) -> float:
-        return self.chunk_times[-1] - self.sent
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def chunk_text(chunk: dict[str, Any]) -> str:
@@ -87,26 +65,39 @@ def chunk_text(chunk: dict[str, Any]) -> str:
     return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
 
 
+async def events(response: httpx.Response) -> AsyncIterator[tuple[float, dict[str, Any]]]:
+    """The stream's data events, each with the time the read that completed it returned: the
+    clock is read as the bytes arrive, not after the events before them were parsed (frames that
+    arrived together keep one time, as they should)."""
+    pending = b""
+    async for piece in response.aiter_bytes():
+        at = time.monotonic()
+        *complete, pending = (pending + piece).replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in complete:
+            for line in event.split(b"\n"):
+                if line.startswith(b"data: ") and line != b"data: [DONE]":
+                    yield at, json.loads(line[6:])
+
+
 async def send(
     http: httpx.AsyncClient, url: str, model: str, item: workloads.WorkItem, record: Record,
-    api: str = "completions", prompt: str | list[int] | None = None,
+    api: str = "completions", prompt: str | list[int] | None = None, timing: bool = False,
 ) -> None:  # fmt: skip
+    options = {"include_usage": True, **({"include_timing": True} if timing else {})}
     body = {
         "model": model, "prompt": item.prompt_ids if prompt is None else prompt,
         "max_tokens": item.params.max_tokens, "temperature": item.params.temperature,
-        "ignore_eos": item.params.ignore_eos, "stream": True, "stream_options": {"include_usage": True},
+        "ignore_eos": item.params.ignore_eos, "stream": True, "stream_options": options,
     }  # fmt: skip
     token_chunks = 0  # a server without usage (Mini-SGLang) sends one chunk per token
-    record.sent = time.perf_counter()
+    # time.monotonic(), not perf_counter(): the server's timing is on CLOCK_MONOTONIC
+    record.sent = time.monotonic()
     try:
         async with http.stream("POST", f"{url}{APIS[api]}", json=body) as response:
             if response.status_code != 200:
                 record.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            async for at, chunk in events(response):
                 if "error" in chunk:
                     record.error = chunk["error"]["message"]
                     return
@@ -117,7 +108,10 @@ async def send(
                 if chunk["choices"][0].get("finish_reason") is None:
                     token_chunks += 1
                 if chunk_text(chunk):
-                    record.chunk_times.append(time.perf_counter())
+                    record.chunk_times.append(at)
+                    if "timing" in chunk:  # final/'s stream_options.include_timing
+                        record.engine_times.append(chunk["timing"]["engine"])
+                        record.written_times.append(chunk["timing"]["sent"])
     except httpx.HTTPError as err:
         record.error = f"{type(err).__name__}: {err}"
     if not record.completion_tokens:
@@ -151,57 +145,21 @@ def text_prompts(tokenizer: Any, items: list[workloads.WorkItem]) -> list[str]:
 
 async def run_rate(
     url: str, model: str, load: workloads.Workload, api: str = "completions",
-    prompts: list[str] | None = None,
+    prompts: list[str] | None = None, timing: bool = False,
 ) -> tuple[list[Record], float]:  # fmt: skip
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     texts: list[str | None] = list(prompts) if prompts is not None else [None] * len(load.items)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as http:
-        await send(http, url, model, load.items[0], Record(), api, texts[0])  # warm-up
+        await send(http, url, model, load.items[0], Record(), api, texts[0], timing)  # warm-up
         records = [Record() for _ in load.items]
-        start = time.perf_counter()
+        start = time.monotonic()
 
         async def at(item: workloads.WorkItem, record: Record, text: str | None) -> None:
-            await asyncio.sleep(max(0.0, start + item.arrival_s - time.perf_counter()))
-            await send(http, url, model, item, record, api, text)
+            await asyncio.sleep(max(0.0, start + item.arrival_s - time.monotonic()))
+            await send(http, url, model, item, record, api, text, timing)
 
         await asyncio.gather(*(at(*job) for job in zip(load.items, records, texts, strict=True)))
-        return records, time.perf_counter() - start
-
-
-def summarize(records: list[Record], duration: float) -> dict[str, float]:
-    done = [r for r in records if r.error is None]
-    ttft = [r.ttft * 1e3 for r in done]
-    itl = [(b - a) * 1e3 for r in done for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
-    tpot = [
-        (r.chunk_times[-1] - r.chunk_times[0]) * 1e3 / (r.completion_tokens - 1)
-        for r in done
-        if r.completion_tokens > 1
-    ]
-    e2e = [r.e2e * 1e3 for r in done]
-    tokens = sum(r.completion_tokens for r in done)
-    metrics: dict[str, float] = {
-        "output_tok_per_s": tokens / duration,
-        "ttft_ms_p50": percentile(ttft, 50),
-        "itl_ms_p50": percentile(itl, 50),
-        "ttft_ms_p99": percentile(ttft, 99),
-        "itl_ms_p99": percentile(itl, 99),
-        "ttft_ms_mean": statistics.fmean(ttft) if ttft else float("nan"),
-        "ttft_ms_p90": percentile(ttft, 90),
-        "itl_ms_mean": statistics.fmean(itl) if itl else float("nan"),
-        "itl_ms_p90": percentile(itl, 90),
-        "tpot_ms_mean": statistics.fmean(tpot) if tpot else float("nan"),
-        "tpot_ms_p50": percentile(tpot, 50),
-        "tpot_ms_p99": percentile(tpot, 99),
-        "e2e_ms_p50": percentile(e2e, 50),
-        "e2e_ms_p99": percentile(e2e, 99),
-        "requests_per_s": len(done) / duration,
-        "completed": len(done),
-        "failed": len(records) - len(done),
-        "output_tokens": tokens,
-        "duration_s": duration,
-    }
-    # JSON has no NaN: a metric nobody measured (one-token answers have no ITL) is left out.
-    return {k: v for k, v in metrics.items() if not math.isnan(v)}
+        return records, time.monotonic() - start
 
 
 def rate_label(rate: float) -> str:
@@ -214,7 +172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--url", default="http://127.0.0.1:1919", help="the server's base URL")
     p.add_argument(
-        "--rates", default="1,2,4,8,inf", help="comma-separated request rates per second; inf: all at once"
+        "--rates", default="8,32,64,inf", help="comma-separated request rates per second; inf: all at once"
     )
     p.add_argument(
         "--scale", type=float, default=1.0, help="shrinks request count and lengths (0.02 for a CPU)"
@@ -233,6 +191,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--prompt-text", type=Path, default=None, metavar="MODEL_DIR",
         help="send prompts as text of the same token counts under this folder's tokenizer",
+    )  # fmt: skip
+    p.add_argument(
+        "--server-args", default="",
+        help="the flags the server was started with beyond the comparison's (recorded in the results' config)",
+    )  # fmt: skip
+    p.add_argument(
+        "--timing", action="store_true",
+        help="ask for final/'s per-chunk timing (stream_options.include_timing): the engine's and the "
+        "frontend's share of each token's latency",
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.api == "chat" and args.prompt_text is None:
@@ -263,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         load.items = load.items[:wanted]
         prompts = text_prompts(tokenizer, load.items) if tokenizer is not None else None
-        records, duration = asyncio.run(run_rate(args.url, model, load, args.api, prompts))
+        records, duration = asyncio.run(run_rate(args.url, model, load, args.api, prompts, args.timing))
         metrics = summarize(records, duration)
         failures = [r.error for r in records if r.error]
         result: dict[str, Any] = {
@@ -279,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                 "model": model,
                 "api": args.api,
                 "prompt": "text" if tokenizer is not None else "ids",
+                "step_source": step_source(records),
+                **({"server_args": args.server_args} if args.server_args else {}),
                 **{k: v for k, v in load.settings.items() if k != "rate"},
             },  # fmt: skip
             "hardware": info,
@@ -293,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"rate {rate_label(rate):>5}: {metrics['completed']:.0f}/{len(records)} ok, "
             f"{metrics.get('output_tok_per_s', 0):.1f} tok/s, TTFT p50 {metrics.get('ttft_ms_p50', float('nan')):.1f} ms, "
-            f"ITL p50 {metrics.get('itl_ms_p50', float('nan')):.1f} ms -> {path}",
+            f"ITL p50 {metrics.get('itl_ms_p50', float('nan')):.2f} ms, "
+            f"bursts {metrics.get('burst_share_half_step', float('nan')):.1%} of gaps under half the "
+            f"{metrics.get('step_ms_p50', float('nan')):.2f} ms step -> {path}",
             flush=True,
         )
         if failures:

@@ -1,7 +1,7 @@
 """The online benchmark against a server we start: final/'s or Mini-SGLang's, on loopback.
 
     python scripts/bench_server_online.py --engine final --model CKPT --out-dir benchmarks/results/h200 \
-        --name final_online_h200 --rates 8,32,inf
+        --name final_online_h200 --rates 8,32,64,inf [--final-args "--chunk-policy prefill-first"]
     PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH python scripts/bench_server_online.py \
         --engine mini-sglang --model CKPT --out-dir benchmarks/results/h200 --name peer_minisgl_online_h200
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -40,13 +41,19 @@ ENGINES = ("final", "mini-sglang")
 APIS = {"final": "completions", "mini-sglang": "chat"}
 
 
-def server_command(engine: str, model: Path, port: int, python: str = sys.executable) -> list[str]:
-    """The command that serves `model` on 127.0.0.1:`port` with the comparison's settings."""
+def server_command(
+    engine: str, model: Path, port: int, python: str = sys.executable, final_args: str = ""
+) -> list[str]:
+    """The command that serves `model` on 127.0.0.1:`port` with the comparison's settings;
+    `final_args`, more flags of final/'s (e.g. "--chunk-policy prefill-first"), after them."""
     if engine == "final":
         return [
             python, "-m", "final", "--model", str(model), "--device", "cuda", "--attn", "fi",
             "--page-size", "16", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            *shlex.split(final_args),
         ]  # fmt: skip
+    if final_args:
+        raise ValueError("--final-args is for --engine final")
     if engine == "mini-sglang":
         # bench_peer.py's LLM(...) settings, as server flags (minisgl/server/args.py).
         return [
@@ -63,6 +70,9 @@ def bench_command(args: argparse.Namespace, url: str, python: str = sys.executab
         python, str(ROOT / "scripts" / "bench_online.py"), "--url", url, "--rates", args.rates,
         "--scale", str(args.scale), "--out-dir", str(args.out_dir), "--name", args.name,
         "--stage", args.engine, "--api", APIS[args.engine], "--prompt-text", str(args.model),
+        *(["--timing"] if args.engine == "final" else []),  # final/'s per-chunk engine timestamps
+        *(["--num-requests", str(args.num_requests)] if args.num_requests else []),
+        *(["--server-args", args.final_args] if args.final_args else []),
     ]  # fmt: skip
 
 
@@ -113,7 +123,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", type=Path, required=True, help="the HF folder both engines load")
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--name", required=True, help="result name prefix, e.g. peer_minisgl_online_h200")
-    p.add_argument("--rates", default="8,32,inf")
+    p.add_argument("--rates", default="8,32,64,inf")
+    p.add_argument("--num-requests", type=int, default=None, help="requests per rate (default: 256 x scale)")
+    p.add_argument(
+        "--final-args", default="",
+        help='more flags for final/\'s server, e.g. "--chunk-policy prefill-first" (recorded in the results)',
+    )  # fmt: skip
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--port", type=int, default=19190)
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the server")
@@ -124,7 +139,10 @@ def main(argv: list[str] | None = None, command: list[str] | None = None) -> int
     """`command` replaces the server's command (the tests start a stand-in)."""
     args = parse_args(argv)
     url = f"http://127.0.0.1:{args.port}"
-    cmd = command or server_command(args.engine, args.model, args.port)
+    if args.final_args and args.engine != "final":
+        print("[bench_server_online] --final-args is for --engine final", file=sys.stderr)
+        return 2
+    cmd = command or server_command(args.engine, args.model, args.port, final_args=args.final_args)
     print(f"[bench_server_online] {' '.join(cmd)}", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile("w+") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -44,11 +44,18 @@
 #   peers         Mini-SGLang (source in .peers/minisgl, see shared/peers) on our offline and batch-1
 #                 workloads, as results (scripts/bench_peer.py); run it in the call of bench-final
 #   bench-final-online  final/'s OpenAI server under Poisson arrivals at ONLINE_RATES (default
-#                 8,32,inf requests/s): TTFT, ITL, throughput per rate (scripts/bench_server_online.py),
+#                 8,32,64,inf requests/s): TTFT, ITL, throughput per rate (scripts/bench_server_online.py),
 #                 into final_online_<gpu>_rate<R>.json
 #   peers-online  the same against Mini-SGLang's server (python -m minisgl from .peers/minisgl; fi,
 #                 page size 1, graphs to 256), into peer_minisgl_online_<gpu>_rate<R>.json; run it in
 #                 the call of bench-final-online: the Performance page pairs them by rate and run id
+#   online-policy issue 27's call: final/'s server under --chunk-policy mixed (the default, named as
+#                 bench-final-online names it) and prefill-first, and Mini-SGLang's server, one after
+#                 the other at ONLINE_RATES (default 8,32,64,inf), ONLINE_REQUESTS (default 256) each,
+#                 with final/'s per-token engine timestamps (the engine/frontend split, burst shares);
+#                 about 2 minutes a server on an H200 with the FlashInfer cache carried (80 s of
+#                 requests: 256 at 8/s alone take 32 s), 7 minutes with `ckpt`: under the 10-minute
+#                 limit; each server's results are copied to $OUT/partial as soon as they exist
 #   bench-stage01 stage 01's batch-1 decode and HF transformers' generate on it (3 repeats each)
 #   bench-stage02 stage 02 (fi): batch-1 decode, the offline workload, and at scale 0.25 fi against torch
 #   bench-stage03 stage 03 (fi, page 16): shared-prefix and no-sharing workloads, radix against naive
@@ -201,11 +208,26 @@ run_step() {
       ;;
     bench-final-online)
       $py scripts/bench_server_online.py --engine final --model $ckpt --out-dir $results \
-        --name final_online_$gpu --rates "${ONLINE_RATES:-8,32,inf}" --port 19190
+        --name final_online_$gpu --rates "${ONLINE_RATES:-8,32,64,inf}" --port 19190
       ;;
     peers-online)  # with bench-final-online in the same call, at the same rates
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_server_online.py --engine mini-sglang \
-        --model $ckpt --out-dir $results --name peer_minisgl_online_$gpu --rates "${ONLINE_RATES:-8,32,inf}" --port 19290
+        --model $ckpt --out-dir $results --name peer_minisgl_online_$gpu --rates "${ONLINE_RATES:-8,32,64,inf}" --port 19290
+      ;;
+    online-policy)
+      local rates=${ONLINE_RATES:-8,32,64,inf} n=${ONLINE_REQUESTS:-256} status=0
+      online() {  # NAME ENGINE [ARGS...]: one server, every rate; its results kept at once
+        local name=$1 engine=$2
+        shift 2
+        $py scripts/bench_server_online.py --engine "$engine" --model $ckpt --out-dir $results --name "$name" \
+          --rates "$rates" --num-requests "$n" "$@" || status=1
+        mkdir -p "$out/partial/$results" && cp $results/${name}_rate*.json "$out/partial/$results/" 2>/dev/null
+        return 0
+      }
+      online final_online_$gpu final --port 19190
+      online final_online_prefill_first_$gpu final --port 19191 --final-args "--chunk-policy prefill-first"
+      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH online peer_minisgl_online_$gpu mini-sglang --port 19290
+      return $status
       ;;
     bench-stage01)
       bench --engine stages.01_naive_generate --workload latency --repeats 3 --name stage01_latency_$gpu

@@ -13,7 +13,8 @@ Every result belongs to a group: its ``name`` up to the first ``_``, ``-`` or ``
 The performance ladder (``docs/generated/ladder.md`` for the results page) is rendered a second
 time for the Performance page one folder below (``performance_ladder.md``, its plot linked from
 there), beside final/ against Mini-SGLang in the same device call (``performance_versus.md``,
-scripts/results_versus.py).
+scripts/results_versus.py) and their servers online, rate by rate (``performance_online.md`` and
+its figure, scripts/results_online.py).
 
 Every stage has a group ``stageNN`` (and ``final/`` the groups ``final`` and ``attn``, its attention
 backends) even before it has results, so a chapter can always include its fragment. ``docs/generated/all_results.md`` holds every group
@@ -34,6 +35,7 @@ from scripts import (  # noqa: E402
     results_attention,
     results_kernels,
     results_ladder,
+    results_online,
     results_plots,
     results_versus,
 )
@@ -74,6 +76,8 @@ PERFORMANCE_VERSUS = GENERATED_DIR / "performance_versus.md"
 PERFORMANCE_KERNELS = (
     GENERATED_DIR / "performance_kernels.md"
 )  # final/ against Mini-SGLang, by kernel category
+PERFORMANCE_ONLINE = GENERATED_DIR / "performance_online.md"  # scripts/results_online.py
+ONLINE_PLOT = PLOTS_DIR / "performance_online.png"
 LADDER_PLOT = PLOTS_DIR / "ladder.png"
 # The attention page's own table and plot (docs/serving/attention.md; scripts/results_attention.py).
 ATTENTION = GENERATED_DIR / "attention_backends.md"
@@ -235,6 +239,7 @@ def render_markdown(root: Path = ROOT) -> dict[Path, str]:
     pages[PERFORMANCE_LADDER] = results_ladder.render(ladder, f"../assets/plots/{LADDER_PLOT.name}")
     pages[PERFORMANCE_VERSUS] = results_versus.render(results)
     pages[PERFORMANCE_KERNELS] = results_kernels.render(Path(root) / RESULTS_DIR)
+    pages[PERFORMANCE_ONLINE] = results_online.render(results, f"../assets/plots/{ONLINE_PLOT.name}")
     if (Path(root) / "final").is_dir():
         pages[ATTENTION] = results_attention.render(results, f"../assets/plots/{ATTENTION_PLOT.name}")
     return pages
@@ -262,6 +267,9 @@ def write_all(root: Path = ROOT) -> list[str]:
     if ATTENTION in pages and results_attention.plot(load_results(root / RESULTS_DIR), root / ATTENTION_PLOT):
         plots[ATTENTION_PLOT] = []
         report.append(f"plotted  {ATTENTION_PLOT}")
+    if results_online.plot(load_results(root / RESULTS_DIR), root / ONLINE_PLOT):
+        plots[ONLINE_PLOT] = []
+        report.append(f"plotted  {ONLINE_PLOT}")
     report += generated.remove_orphans(root, GENERATED_DIR, "results_*.md", pages)
     report += generated.remove_orphans(root, PLOTS_DIR, "*.png", {**plots, LADDER_PLOT: None})
     return report

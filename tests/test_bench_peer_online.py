@@ -217,3 +217,60 @@ def test_the_performance_page_pairs_online_rows_by_rate_and_call():
     assert "`final_online_h200_rate8`, `peer_minisgl_online_h200_rate8`" in h200
     assert not any(title.startswith(("online 32", "online inf")) for title in rows)
     assert "online" not in page.split("### H200")[0]  # the H100 has none
+
+
+def test_final_args_reach_final_s_server_and_its_results():
+    """bench_server_online --final-args: the flags end final/'s command, are recorded in the
+    results (--server-args), and final/'s runs ask for its per-token timing (issue 27)."""
+    cmd = bench_server_online.server_command("final", Path("ckpt"), 4000, python="py",
+                                             final_args="--chunk-policy prefill-first")  # fmt: skip
+    assert cmd[-2:] == ["--chunk-policy", "prefill-first"]
+    with pytest.raises(ValueError, match="--final-args"):
+        bench_server_online.server_command("mini-sglang", Path("ckpt"), 4000, final_args="--x 1")
+    argv = ["--engine", "final", "--model", "ckpt", "--out-dir", "r", "--name", "n",
+            "--final-args", "--chunk-policy prefill-first", "--num-requests", "64"]  # fmt: skip
+    bench = bench_server_online.bench_command(bench_server_online.parse_args(argv), "http://h:1")
+    assert "--timing" in bench and bench[bench.index("--server-args") + 1] == "--chunk-policy prefill-first"
+    assert bench[bench.index("--num-requests") + 1] == "64"
+    peer = bench_server_online.parse_args(
+        ["--engine", "mini-sglang", "--model", "m", "--out-dir", "r", "--name", "n"]
+    )
+    assert "--timing" not in bench_server_online.bench_command(peer, "http://h:1")
+    assert peer.rates == "8,32,64,inf"
+
+
+def test_the_online_section_pairs_a_call_rate_by_rate_with_the_prefill_first_run(tmp_path):
+    """results_online (issue 27): the newest call with both servers, a row per rate with final/'s
+    and Mini-SGLang's figures and the ratio, final/ prefill-first in the smoothness table; the
+    versus table never takes the prefill-first run for final/ as it serves."""
+    from scripts import results_online
+
+    late = {"timestamp": "2026-11-24T00:00:00Z"}
+    results = [
+        online_result("final", "final_online_h200", "8", "old", 10.0),
+        online_result("mini-sglang", "peer_minisgl_online_h200", "8", "old", 99.0),
+        online_result("final", "final_online_h200", "8", "c1", 40.0),
+        online_result("mini-sglang", "peer_minisgl_online_h200", "8", "c1", 50.0),
+        online_result("final", "final_online_h200", "inf", "c1", 900.0),
+        online_result("mini-sglang", "peer_minisgl_online_h200", "inf", "c1", 600.0),
+        online_result("final", "final_online_h200", "inf", "c1", 1.0, scale=0.1),  # not the workload
+    ]
+    results = [r.__class__(**{**r.__dict__, **(late if r.run_id == "c1" else {})}) for r in results]
+    prefill_first = online_result("final", "final_online_prefill_first_h200", "8", "c1", 30.0,
+                                  server_args="--chunk-policy prefill-first")  # fmt: skip
+    results.append(prefill_first.__class__(**{**prefill_first.__dict__, **late}))
+    page = results_online.render(results, "plot.png")
+    h200 = page.split("### H200")[1]
+    assert "`c1`" in h200 and "![TTFT and ITL" in h200
+    rows = [line for line in h200.splitlines() if line.startswith("| 8 |") or line.startswith("| inf |")]
+    assert "40 · 50 · 1.25×" in rows[0] and "900 · 600 · 0.67×" in rows[1]
+    assert any("final/ prefill-first" in line and "| 30 |" in line for line in h200.splitlines())
+    assert (
+        results_online.plot(results, tmp_path / "online.png") and (tmp_path / "online.png").stat().st_size > 0
+    )
+    assert (
+        not results_online.plot(results[:1], tmp_path / "none.png") and not (tmp_path / "none.png").exists()
+    )
+    assert "No device call" in results_online.render(results[:1])
+    versus = results_versus.render(results).split("### H200")[1]
+    assert "online 8 req/s, TTFT p50 (ms) | 40 | 50 |" in versus  # not the prefill-first run's 30

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from final.frontend import options as cli_args
+from final.frontend.detokenizer_process import PROCESS_NAME as DETOKENIZER_NAME
 from final.runtime.heartbeat import (
     BEAT_S,
     DEFAULT_SILENCE_S,
@@ -35,7 +36,7 @@ from final.runtime.heartbeat import (
 )
 from final.server.launch import ENGINE_LOST_EXIT
 from final.server.timeouts import DEFAULT_READ_TIMEOUT_S
-from tests.fixtures.live_server import Server
+from tests.fixtures.live_server import Server, is_engine_process
 
 psutil = pytest.importorskip("psutil", reason="the engine tests read the process tree with psutil")
 
@@ -45,7 +46,7 @@ INTERNALS = ("pid", "SIG", "Traceback", "RankFailure", "killed", "exit code")
 
 def engine_process(server: Server) -> psutil.Process:
     children = psutil.Process(server.proc.pid).children(recursive=True)
-    return next(p for p in children if "spawn_main" in " ".join(p.cmdline()))
+    return next(p for p in children if is_engine_process(p))
 
 
 class Request(threading.Thread):
@@ -106,6 +107,30 @@ def test_a_stopped_engine_is_noticed_and_the_server_exits_for_its_supervisor(tin
         assert not alive, f"left behind: {[(p.pid, p.cmdline()[:3]) for p in alive]}"
         log = server.log()
         assert "no sign of life" in log and f"exiting with status {ENGINE_LOST_EXIT}" in log, log
+    finally:
+        server.stop()
+
+
+def test_a_lost_detokenizer_is_a_lost_engine(tiny_qwen3_dir, tmp_path):
+    """The server's text comes through its detokenizer process (issue 27): killed, every request
+    in flight ends 503 engine_dead, the engine is stopped, and the server exits with status 3."""
+    server = Server(tiny_qwen3_dir, tmp_path / "server.log")
+    try:
+        tree = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(recursive=True)]
+        detok = next(p for p in tree if p.name() == DETOKENIZER_NAME)
+        body = {"prompt": "The", "max_tokens": 100_000, "ignore_eos": True, "stream": True}
+        streaming = Request(server.url, "/v1/completions", body)
+        streaming.start()
+        deadline = time.monotonic() + BOUND_S
+        while len(streaming.frames) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the stream's first tokens
+        assert streaming.frames, streaming.error
+        detok.kill()
+        assert_engine_dead(streaming)
+        assert server.proc.wait(BOUND_S) == ENGINE_LOST_EXIT, server.log()
+        _, alive = psutil.wait_procs(tree, timeout=BOUND_S)
+        assert not alive, f"left behind: {[(p.pid, p.cmdline()[:3]) for p in alive]}"
+        assert "detokenizer process stopped" in server.log()
     finally:
         server.stop()
 

@@ -25,13 +25,11 @@ except ImportError:  # the GPU host's offline kit ships httpx2 (what openai itse
     import httpx2 as httpx  # type: ignore[no-redef]
 import pytest
 
-from final.core.sampling_params import SamplingParams
-from final.engine.messages import RequestDelta
-from final.frontend.request_state import RequestState
-from final.frontend.tokenizer import Tokenizer
+from final.frontend.mailbox import TokenUpdate
+from final.server.generation import Served
 from final.server.launch import ENGINE_LOST_EXIT
-from final.server.openai_api import _engine_error
-from tests.fixtures.live_server import Server
+from final.server.streaming import engine_error
+from tests.fixtures.live_server import Server, is_engine_process
 
 psutil = pytest.importorskip("psutil", reason="the terminal rows stop the engine with psutil")
 
@@ -81,7 +79,7 @@ def raw(server: Server, head: str, body: bytes = b"") -> httpx.Response:
 
 def engine_of(server: Server) -> psutil.Process:
     children = psutil.Process(server.proc.pid).children(recursive=True)
-    return next(p for p in children if "spawn_main" in " ".join(p.cmdline()))
+    return next(p for p in children if is_engine_process(p))
 
 
 def in_flight(server: Server, count: int) -> None:
@@ -169,9 +167,9 @@ def test_a_row(server, row):
 
 
 def test_engine_error_row(tiny_qwen3_dir):
-    request = RequestState(7, [1, 2], SamplingParams(), Tokenizer(tiny_qwen3_dir))
-    request.apply(RequestDelta(7, [], finish_reason="error", error="the engine failed: RuntimeError: boom"))
-    err = _engine_error(request)
+    request = Served(7, arrival=0.0)
+    request.apply(TokenUpdate([], "", finish_reason="error", error="the engine failed: RuntimeError: boom"))
+    err = engine_error(request)
     assert (err.status, err.code, err.type) == (500, "engine_error", "server_error")
     assert "RuntimeError" not in err.message and "boom" not in err.message
 

@@ -20,7 +20,7 @@ except ImportError:  # the GPU host's offline kit ships httpx2 (what openai itse
     import httpx2 as httpx  # type: ignore[no-redef]
 import pytest
 
-from tests.fixtures.live_server import Server
+from tests.fixtures.live_server import Server, is_engine_process
 
 psutil = pytest.importorskip("psutil", reason="the shutdown tests read the process tree with psutil")
 
@@ -65,7 +65,7 @@ def start_streams(server: Server, n: int = 3) -> list[Stream]:
 def process_tree(server: Server) -> list[psutil.Process]:
     main = psutil.Process(server.proc.pid)
     children = main.children(recursive=True)
-    assert any("spawn_main" in " ".join(c.cmdline()) for c in children), "no engine process"
+    assert any(is_engine_process(c) for c in children), "no engine process"
     return [main, *children]
 
 
@@ -105,7 +105,7 @@ def test_a_hung_engine_is_killed_within_the_bound(tiny_qwen3_dir, tmp_path):
     server = Server(tiny_qwen3_dir, tmp_path / "server.log")
     try:
         tree = process_tree(server)
-        engine = next(p for p in tree[1:] if "spawn_main" in " ".join(p.cmdline()))
+        engine = next(p for p in tree[1:] if is_engine_process(p))
         engine.suspend()  # SIGSTOP: it reads nothing, answers nothing, cannot be terminated
         since = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)

@@ -54,6 +54,7 @@ def test_no_results_still_gives_every_page(tmp_path: Path) -> None:
         "ladder.md",
         "performance_kernels.md",
         "performance_ladder.md",
+        "performance_online.md",
         "performance_versus.md",
         "results_stage01.md",
         "results_stage02.md",

@@ -11,4 +11,5 @@ runtime/build.py puts the parts together:
     peers.py     what a step needs of the other tensor-parallel ranks (nothing at --tp 1)
     stats.py     the engine's counters
     messages.py  what the engine and the frontend say to each other
+    wire.py      a step's outputs as a few flat arrays on the wire, with when they reached the host
 """

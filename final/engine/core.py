@@ -36,6 +36,7 @@ behind the GPU's. The invariants that make that safe:
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -77,6 +78,7 @@ class EngineCore:
         self.overlap = config.overlap
         self.in_flight: deque[StepHandle] = deque()  # launched, not yet collected (at most one)
         self.failed_alone: list[RequestDelta] = []  # requests dropped alone since the last step returned
+        self.tokens_ready_at = 0.0  # monotonic time the last collected step's tokens reached the host
 
     @property
     def device(self) -> torch.device:
@@ -243,6 +245,7 @@ class EngineCore:
         """Wait for a launched step's tokens; append them, finish and cache requests; one delta per
         sampled request still alive."""
         per_request = handle.wait()
+        self.tokens_ready_at = time.monotonic()
         # That step is complete: pages of requests that finished while it ran can go back.
         self.scheduler.release_retired()
         entries = handle.logprobs.entries() if handle.logprobs is not None else [None] * len(per_request)

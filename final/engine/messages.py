@@ -1,10 +1,11 @@
 """What the frontend (API server, shell) and the engine process say to each other.
 
 Frontend -> engine: AddRequest, AbortRequest, StatsQuery, Shutdown.
-Engine -> frontend: StepOutputs (one per step: a RequestDelta per request that got a token, was
-rejected, or failed) and EngineStats (the answer to a StatsQuery).
+Engine -> frontend: a step's outputs (one message per step: a RequestDelta per request that got a
+token, was rejected, or failed, sent as arrays: wire.py) and EngineStats (the answer to a StatsQuery).
 The engine sends token ids only; text is the frontend's business (tokenizer, detokenizer, stop
-strings), so the engine never waits on it. Messages are pickled over local ZMQ sockets.
+strings: the server's detokenizer process), so the engine never waits on it. The other messages
+are pickled over local ZMQ sockets.
 """
 
 from __future__ import annotations
@@ -54,11 +55,6 @@ class RequestDelta:
     # API client), "shutting_down" when the server is stopping, ENGINE_DEAD when the engine is lost
     # (a lost tensor-parallel rank; the process exits); None for a failure of the engine.
     error_code: str | None = None
-
-
-@dataclass
-class StepOutputs:
-    deltas: list[RequestDelta]
 
 
 @dataclass

@@ -1,8 +1,12 @@
-"""Clients of the engine process: an asyncio one for the server, a blocking one for the shell.
+"""Clients of the engine: an asyncio one for the server, a blocking one for the shell.
 
-Both connect to the two sockets the engine binds (see runtime/process.py): they PUSH
-AddRequest / AbortRequest / StatsQuery and PULL StepOutputs / EngineStats. Sends never wait
-on the engine (a PUSH queues the message), so an abort from a cancelled task always goes out.
+The server's client talks to the detokenizer process (detokenizer_process.py), which stands between
+it and the engine: it PUSHes AddRequest / AbortRequest / StatsQuery there and PULLs each step's
+text (engine/wire.py) and EngineStats back. Its receiving task hands each request its share of a
+step in one `TokenUpdate` through its `Mailbox` (mailbox.py): one wake-up per request per step.
+The shell's client talks to the engine process directly (one request: it detokenizes itself).
+Sends never wait on the other side (a PUSH queues the message), so an abort from a cancelled task
+always goes out.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import pickle
 from collections.abc import Callable, Iterator
 
 import zmq
@@ -23,21 +28,24 @@ from ..engine.messages import (
     EngineStats,
     RequestDelta,
     StatsQuery,
-    StepOutputs,
 )
+from ..engine.wire import FINISH_REASONS, StepColumns, decode
 from ..runtime.process import EngineProcess
+from .detokenizer_process import DetokenizerProcess
+from .mailbox import Mailbox, TokenUpdate
 
 log = logging.getLogger(__name__)
 
 ENGINE_GONE = "the engine process stopped"
+NUDGE_S = 0.5  # how often a waiting request is woken to check that its client is still there
 
 
 class AsyncEngineClient:
-    def __init__(self, engine: EngineProcess):
-        self.engine = engine
+    def __init__(self, engine: EngineProcess, detokenizer: DetokenizerProcess):
+        self.engine, self.detokenizer = engine, detokenizer
         self.rids = itertools.count()
         self.query_ids = itertools.count(1)
-        self.queues: dict[int, asyncio.Queue[RequestDelta]] = {}
+        self.mailboxes: dict[int, Mailbox] = {}
         self.stats_waiters: dict[int, asyncio.Future[EngineStats]] = {}
         self.last_stats = EngineStats(num_pages=engine.info.num_pages, free_pages=engine.info.num_pages)
         # Sends go through a plain socket: they never block, so they are safe in a `finally` of a
@@ -47,40 +55,34 @@ class AsyncEngineClient:
         # engine must never stall the event loop, nor a shutdown.
         self.sender.setsockopt(zmq.SNDHWM, 0)
         self.sender.setsockopt(zmq.LINGER, 0)
-        self.sender.connect(engine.request_addr)
+        self.sender.connect(detokenizer.request_addr)
         self.async_ctx = zmq.asyncio.Context()
         self.receiver = self.async_ctx.socket(zmq.PULL)
-        self.receiver.connect(engine.output_addr)
-        self.receive_task: asyncio.Task[None] | None = None
+        self.receiver.connect(detokenizer.output_addr)
+        self.tasks: list[asyncio.Task[None]] = []
         self.dead = False
         self.closed = False
         # Called once when the engine is lost (engine_lost): the server stops then (server/launch.py).
         self.on_lost: Callable[[], None] | None = None
 
     def start(self) -> None:
-        self.receive_task = asyncio.get_running_loop().create_task(self._receive_loop())
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self._receive_loop()), loop.create_task(self._nudge_loop())]
 
     @property
     def num_in_flight(self) -> int:
-        return len(self.queues)
+        return len(self.mailboxes)
 
-    def submit(
-        self, prompt_ids: list[int], params: SamplingParams
-    ) -> tuple[int, asyncio.Queue[RequestDelta]]:
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> tuple[int, Mailbox]:
         rid = next(self.rids)
-        queue: asyncio.Queue[RequestDelta] = asyncio.Queue()
-        self.queues[rid] = queue
+        mailbox = self.mailboxes[rid] = Mailbox()
         if self.dead or not self._send(AddRequest(rid, prompt_ids, params)):
-            queue.put_nowait(
-                RequestDelta(
-                    rid=rid, token_ids=[], finish_reason="error", error=ENGINE_GONE, error_code=ENGINE_DEAD
-                )
-            )
-        return rid, queue
+            mailbox.put(_failure(ENGINE_GONE, ENGINE_DEAD))
+        return rid, mailbox
 
     def _send(self, msg: object) -> bool:
         try:
-            self.sender.send_pyobj(msg, zmq.NOBLOCK)
+            self.sender.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK)
         except zmq.ZMQError as err:  # Again (cannot happen without a high-water mark) or closed
             log.error("cannot send %s to the engine: %s", type(msg).__name__, err)
             return False
@@ -88,17 +90,15 @@ class AsyncEngineClient:
 
     def release(self, rid: int, abort: bool) -> None:
         """The caller is done with `rid`; with abort=True the engine drops it and frees its pages."""
-        self.queues.pop(rid, None)
+        self.mailboxes.pop(rid, None)
         if abort and not self.dead and not self.closed:
             self._send(AbortRequest(rid))
 
     def fail_all(self, message: str, code: str | None = None) -> None:
         """End every request in flight with an error (the server is shutting down): each of their
         handlers sends its client an error and aborts the request in the engine."""
-        for rid, queue in self.queues.items():
-            queue.put_nowait(
-                RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=message, error_code=code)
-            )
+        for mailbox in self.mailboxes.values():
+            mailbox.put(_failure(message, code))
 
     async def stats(self, timeout: float = 5.0) -> EngineStats:
         """A fresh snapshot from the engine (the last one known if it does not answer in time)."""
@@ -118,25 +118,64 @@ class AsyncEngineClient:
     async def _receive_loop(self) -> None:
         while True:
             if not await self.receiver.poll(1000):
-                if not self.engine.is_alive():
-                    self.engine_lost(f"exit code {self.engine.process.exitcode}")
+                lost = self._lost_process()
+                if lost is not None:
+                    self.engine_lost(lost)
                     return
                 continue
             try:
-                msg = await self.receiver.recv_pyobj()
+                msg = decode(await self.receiver.recv_multipart(copy=False))
             except Exception:  # a message we cannot read must not stop every other request
                 log.exception("unreadable message from the engine")
                 continue
-            if isinstance(msg, StepOutputs):
-                for delta in msg.deltas:
-                    queue = self.queues.get(delta.rid)
-                    if queue is not None:  # else: released already (a client that went away)
-                        queue.put_nowait(delta)
+            if isinstance(msg, StepColumns):
+                self._deliver(msg)
+                # Let the requests just woken write their frames before the next step is read: a
+                # loop that runs late then serves one step per turn, each stream's frames a step
+                # apart, instead of handing a request two steps to write back to back.
+                await asyncio.sleep(0)
             elif isinstance(msg, EngineStats):
                 self.last_stats = msg
                 future = self.stats_waiters.get(msg.query_id)
                 if future is not None and not future.done():
                     future.set_result(msg)
+
+    def _deliver(self, step: StepColumns) -> None:
+        """Each row of a detokenized step to its request: one update, one wake-up."""
+        texts, extras, mailboxes = step.texts or [""] * len(step.rids), step.extras, self.mailboxes
+        start = 0
+        for row, rid in enumerate(step.rids):
+            count = step.counts[row]
+            mailbox = mailboxes.get(rid)
+            if mailbox is not None:  # else: released already (a client that went away)
+                update = TokenUpdate(
+                    step.tokens[start : start + count], texts[row], FINISH_REASONS[step.finish[row]],
+                    step.cached[row], None, None, None, step.tokens_at, step.detokenized_at,
+                )  # fmt: skip
+                extra = extras.get(row)
+                if extra is not None:
+                    update.logprobs, update.error, update.error_code = (
+                        extra.logprobs,
+                        extra.error,
+                        extra.error_code,
+                    )
+                mailbox.put(update)
+            start += count
+
+    async def _nudge_loop(self) -> None:
+        """Wake every request every NUDGE_S, so a request waiting for a slow engine still checks its
+        client (generation.py): one timer for all of them, not one per request and token."""
+        while True:
+            await asyncio.sleep(NUDGE_S)
+            for mailbox in list(self.mailboxes.values()):
+                mailbox.nudge()
+
+    def _lost_process(self) -> str | None:
+        if not self.engine.is_alive():
+            return f"exit code {self.engine.process.exitcode}"
+        if not self.detokenizer.is_alive():
+            return f"the detokenizer process exited (exit code {self.detokenizer.process.exitcode})"
+        return None
 
     def engine_lost(self, reason: str) -> None:
         """The engine is gone (or hung, and killed: frontend/engine_monitor.py): every request in
@@ -145,30 +184,28 @@ class AsyncEngineClient:
             return
         log.error("the engine is lost: %s", reason)
         self.dead = True
-        for rid, queue in self.queues.items():
-            queue.put_nowait(
-                RequestDelta(
-                    rid=rid, token_ids=[], finish_reason="error", error=ENGINE_GONE, error_code=ENGINE_DEAD
-                )
-            )
+        for mailbox in self.mailboxes.values():
+            mailbox.put(_failure(ENGINE_GONE, ENGINE_DEAD))
         if self.on_lost is not None:
             self.on_lost()
 
     async def close(self) -> None:
         self.closed = True  # handlers still finishing must not send on closed sockets
-        if self.receive_task is not None:
-            self.receive_task.cancel()
-            try:
-                await self.receive_task
-            except asyncio.CancelledError:
-                pass
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
         self.sender.close(linger=0)
         self.receiver.close(linger=0)
         self.async_ctx.term()
 
 
+def _failure(message: str, code: str | None) -> TokenUpdate:
+    return TokenUpdate([], "", "error", error=message, error_code=code)
+
+
 class SyncEngineClient:
-    """One request at a time, blocking: what an interactive shell needs."""
+    """One request at a time, blocking: what an interactive shell needs. It reads the engine's
+    token ids itself (frontend/request_state.py detokenizes them)."""
 
     def __init__(self, engine: EngineProcess):
         self.engine = engine
@@ -192,10 +229,10 @@ class SyncEngineClient:
                         yield RequestDelta(rid=rid, token_ids=[], finish_reason="error", error=ENGINE_GONE)
                         return
                     continue
-                msg = self.receiver.recv_pyobj()
-                if not isinstance(msg, StepOutputs):
+                msg = decode(self.receiver.recv_multipart(copy=False))
+                if not isinstance(msg, StepColumns):
                     continue
-                for delta in msg.deltas:
+                for delta in msg.deltas():
                     if delta.rid == rid:
                         finished = delta.finish_reason is not None
                         yield delta

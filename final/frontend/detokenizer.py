@@ -27,9 +27,17 @@ class IncrementalDetokenizer:
         self.read = len(self.ids)
 
     def push(self, token_ids: Sequence[int]) -> str:
+        before, after = self.windows(token_ids)
+        return self.settle(self.tokenizer.decode(before), self.tokenizer.decode(after))
+
+    def windows(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Take the new tokens; the two id windows whose texts `settle` needs (the text before
+        them, and with them). Apart from `push` so that a batch of requests decodes together."""
         self.ids.extend(token_ids)
-        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
-        after = self.tokenizer.decode(self.ids[self.prefix :])
+        return self.ids[self.prefix : self.read], self.ids[self.prefix :]
+
+    def settle(self, before: str, after: str) -> str:
+        """The new printable text, given the decoded windows of the last `windows` call."""
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""  # nothing printable yet: wait for the rest of the character
         self.prefix, self.read = self.read, len(self.ids)
@@ -92,7 +100,11 @@ class TextStream:
         return "".join(self.pieces)
 
     def push(self, token_ids: Sequence[int]) -> tuple[str, bool]:
-        new, hit = self.matcher.feed(self.detok.push(token_ids))
+        return self.feed(self.detok.push(token_ids))
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """Text the detokenizer released (push, or a batch's `settle`) through the stop strings."""
+        new, hit = self.matcher.feed(piece)
         self.pieces.append(new)
         return new, hit
 

@@ -1,6 +1,7 @@
 """The server's watch over its engine process: dead, frozen, or stuck in a step.
 
-Every POLL_S, on the event loop: has the process exited? is its heartbeat silent? has one step
+Every POLL_S, on the event loop: has the process exited (or the detokenizer process, through
+which the server's tokens come)? is its heartbeat silent? has one step
 run too long (runtime/heartbeat.py says why these are different limits)? The first loss found is
 handed to `on_lost(reason)`, once: the client ends every request in flight with `engine_dead`, and
 the server stops (server/launch.py). A hung engine is killed first (SIGKILL: it may be stopped, or
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from ..runtime.heartbeat import DEFAULT_SILENCE_S, DEFAULT_STEP_TIMEOUT_S, StallWatch
 from ..runtime.process import EngineProcess
+from .detokenizer_process import DetokenizerProcess
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +41,14 @@ def describe_exit(code: int | None) -> str:
 
 
 class EngineMonitor:
-    def __init__(self, engine: EngineProcess, liveness: Liveness, on_lost: Callable[[str], None]):
-        self.engine, self.on_lost = engine, on_lost
+    def __init__(
+        self,
+        engine: EngineProcess,
+        liveness: Liveness,
+        on_lost: Callable[[str], None],
+        detokenizer: DetokenizerProcess | None = None,
+    ):
+        self.engine, self.on_lost, self.detokenizer = engine, on_lost, detokenizer
         pulse = engine.pulse
         self.watch = None if pulse is None else StallWatch(pulse, liveness.silence_s, liveness.step_timeout_s)
         self.task: asyncio.Task[None] | None = None
@@ -66,6 +74,12 @@ class EngineMonitor:
         process = self.engine.process
         if not process.is_alive():
             return describe_exit(process.exitcode)
+        detok = self.detokenizer
+        if detok is not None and not detok.is_alive():  # the server's text comes through it
+            process.kill()  # the engine would go on generating for nobody
+            return "the detokenizer process stopped: " + describe_exit(detok.process.exitcode).removeprefix(
+                "the engine process "
+            )
         stall = self.watch.check() if self.watch is not None else None
         if stall is None:
             return None

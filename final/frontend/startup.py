@@ -18,7 +18,9 @@ from ..core.errors import UserError
 from ..core.logs import setup_logging
 from ..engine.resolve import validate_early
 from ..models.source import resolve_model
-from ..runtime.process import EngineProcess, launch_engine
+from ..runtime.build import build_engine
+from ..runtime.process import EngineBuilder, EngineProcess, launch_engine
+from .detokenizer_process import DetokenizerProcess, start_detokenizer
 from .sampling_defaults import API_FALLBACK, SamplingDefaults, resolve_sampling_defaults
 from .tokenizer import Tokenizer
 
@@ -29,9 +31,12 @@ class Frontend:
     tokenizer: Tokenizer
     engine: EngineProcess
     sampling_defaults: SamplingDefaults
+    detokenizer: DetokenizerProcess | None = None  # the server's; the shell detokenizes itself
 
     def close(self) -> None:
         self.engine.shutdown()
+        if self.detokenizer is not None:
+            self.detokenizer.shutdown()
 
 
 def start_frontend(
@@ -44,9 +49,14 @@ def start_frontend(
     sampling_flags: Mapping[str, Any] | None = None,
     sampling_fallback: Mapping[str, Any] = API_FALLBACK,
     chat_template: str | None = None,
+    build: EngineBuilder = build_engine,
+    detokenizer: bool = False,
 ) -> Frontend:
     """Start everything a face of the engine needs; a UserError says what is wrong. The sampling
-    arguments are those of resolve_sampling_defaults (frontend/sampling_defaults.py)."""
+    arguments are those of resolve_sampling_defaults (frontend/sampling_defaults.py); `build`, what
+    the engine process builds its engine with (runtime/process.py: tests pass a stand-in);
+    `detokenizer`, whether to start the server's detokenizer process (detokenizer_process.py)
+    between the engine and this process: it starts first, so its imports overlap the model's load."""
     setup_logging(log_level)
     validate_early(config)  # a bad flag fails here, before any process or model is touched
     for check in checks:
@@ -60,4 +70,18 @@ def start_frontend(
     defaults = resolve_sampling_defaults(model_dir, generation_config, sampling_flags, sampling_fallback)
     if on_loading is not None:
         on_loading(model_dir)
-    return Frontend(model_dir, tokenizer, launch_engine(config, model_dir, log_level), defaults)
+    detok = start_detokenizer(model_dir, log_level) if detokenizer else None
+    try:
+        engine = launch_engine(config, model_dir, log_level, build=build)
+    except BaseException:
+        if detok is not None:
+            detok.shutdown()
+        raise
+    try:
+        if detok is not None:
+            detok.connect(engine)
+    except BaseException:
+        engine.shutdown()
+        detok.shutdown()
+        raise
+    return Frontend(model_dir, tokenizer, engine, defaults, detok)

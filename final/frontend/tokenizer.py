@@ -74,6 +74,13 @@ class Tokenizer:
             return self._decode_ids(list(ids), skip_special_tokens=True)
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
+    def decode_batch(self, sequences: list[list[int]]) -> list[str]:
+        """`decode` of each sequence, in one call to the Rust tokenizer where it can (one crossing
+        into Rust for a whole step's requests instead of one each)."""
+        if self._decode_ids is not None:
+            return self.hf.backend_tokenizer.decode_batch(sequences, skip_special_tokens=True)
+        return [self._decode(ids) for ids in sequences]
+
     def token_text(self, token_id: int) -> str:
         """One token as text, for logprobs (a lone piece of a multi-byte character shows as U+FFFD)."""
         return self.hf.decode([token_id])

@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from ..engine.messages import Shutdown
+from ..engine.wire import encode_object
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,20 @@ def die_with_parent() -> None:
             log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
     except (OSError, AttributeError) as err:  # no libc to load: the polling still works
         log.warning("cannot ask to die with the parent process: %s", err)
+
+
+PR_SET_NAME = 15
+
+
+def name_process(name: str) -> None:
+    """The name `ps -o comm`, `top` and psutil's `name()` show for this process (Linux; 15 bytes),
+    so that a process spawned by multiprocessing is told apart from its siblings."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # a name is a convenience
 
 
 class ParentWatch:
@@ -84,10 +99,15 @@ class Outbox:
         self.sock, self.inbox, self.parent = sock, inbox, parent
 
     def send(self, msg: Any) -> None:
+        """A message other than a step's outputs (EngineStats), pickled."""
+        self.send_frames(encode_object(msg))
+
+    def send_frames(self, frames: list[Any]) -> None:
+        """One multipart message (engine/wire.py), its arrays sent without a copy."""
         waited = False
         while True:
             try:
-                self.sock.send_pyobj(msg)
+                self.sock.send_multipart(frames, copy=False)
                 return
             except zmq.Again:
                 if self.parent.gone():

@@ -4,7 +4,8 @@ The frontend calls `launch_engine`, which spawns a fresh interpreter (multiproce
 CUDA cannot be used in a forked child) running `engine_main`. The child binds two ZMQ sockets
 in a private temporary folder: requests in (PULL), step outputs out (PUSH), then reports ready
 (or the error that stopped it) over a multiprocessing queue. Its loop drains the request socket,
-runs one step, sends the step's token ids, and blocks only when it has nothing to do.
+runs one step, sends the step's token ids as arrays (engine/wire.py), and blocks only when it has
+nothing to do.
 
 It never outlives the frontend, nor hangs on it (lifeline.py): the kernel kills it when its parent
 dies, its sends time out and look for a Shutdown or a dead parent, and the frontend's `shutdown`
@@ -25,6 +26,7 @@ import signal
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +45,8 @@ from ..engine.messages import (
     RequestDelta,
     Shutdown,
     StatsQuery,
-    StepOutputs,
 )
+from ..engine.wire import columns_of, encode
 from .build import build_engine
 from .heartbeat import Heartbeat, Pulse
 from .lifeline import EngineExit, Inbox, Outbox, ParentWatch, die_with_parent
@@ -93,10 +95,19 @@ class EngineProcess:
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
+EngineBuilder = Callable[[EngineConfig, Path], EngineCore]
+
+
 def launch_engine(
-    config: EngineConfig, model_dir: Path, log_level: str = "info", start_timeout: float = 600.0
+    config: EngineConfig,
+    model_dir: Path,
+    log_level: str = "info",
+    start_timeout: float = 600.0,
+    build: EngineBuilder = build_engine,
 ) -> EngineProcess:
-    """Spawn the engine process and wait until its model is loaded; a UserError if it fails."""
+    """Spawn the engine process and wait until its model is loaded; a UserError if it fails.
+    `build` makes the engine in the child (a module-level function: it is pickled); tests pass a
+    stand-in that emits tokens on a clock, to drive the real process loop and server without a model."""
     socket_dir = tempfile.mkdtemp(prefix="final-engine-")  # mode 0700: only this user's processes
     request_addr, output_addr = f"ipc://{socket_dir}/requests", f"ipc://{socket_dir}/outputs"
     ctx = mp.get_context("spawn")
@@ -104,7 +115,7 @@ def launch_engine(
     pulse = Pulse.create(ctx)
     process = ctx.Process(
         target=engine_main,
-        args=(config, str(model_dir), request_addr, output_addr, ready, log_level, pulse),
+        args=(config, str(model_dir), request_addr, output_addr, ready, log_level, pulse, build),
         name="final-engine",
         daemon=True,
     )
@@ -139,6 +150,7 @@ def engine_main(
     ready: Any,
     log_level: str,
     pulse: Pulse | None = None,
+    build: EngineBuilder = build_engine,
 ) -> None:
     # Ctrl-C in the terminal reaches every process of the group. It is the frontend's to handle
     # (the shell stops an answer, the server shuts down and then stops us); we ignore it.
@@ -147,7 +159,7 @@ def engine_main(
     die_with_parent()  # before the model loads: a frontend killed meanwhile takes us along
     setup_logging(log_level)
     try:
-        core = build_engine(config, Path(model_dir))
+        core = build(config, Path(model_dir))
     except UserError as err:
         ready.put(("error", str(err)))
         return
@@ -215,13 +227,13 @@ def serve(
                 failed = core.fail_all(f"the engine failed: {type(err).__name__}: {err}")
                 if core.failed:  # a tensor-parallel rank is lost: tell the clients, then exit
                     deltas += [dataclasses.replace(d, error_code=ENGINE_DEAD) for d in failed]
-                    outbox.send(StepOutputs(deltas))
+                    outbox.send_frames(encode(columns_of(deltas, core.tokens_ready_at)))
                     raise SystemExit(ENGINE_FAILED_EXIT) from err
                 deltas += failed
             if parent.gone():
                 raise EngineExit("the frontend is gone")
-        if deltas:
-            outbox.send(StepOutputs(deltas))
+        if deltas:  # one message a step: its tokens as arrays (engine/wire.py)
+            outbox.send_frames(encode(columns_of(deltas, core.tokens_ready_at)))
 
 
 def timed_step(core: EngineCore, pulse: Pulse | None) -> list[RequestDelta]:

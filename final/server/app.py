@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..frontend.client import AsyncEngineClient
+from ..frontend.detokenizer_process import DetokenizerProcess
 from ..frontend.engine_monitor import EngineMonitor, Liveness
 from ..runtime.process import EngineProcess
 from . import security
@@ -32,6 +33,7 @@ REJECTION_REASONS = {400: "bad_request", 413: "too_large", 415: "media_type"}
 def create_app(
     make_state: StateFactory,
     engine: EngineProcess,
+    detokenizer: DetokenizerProcess,
     api_key: str | None = None,
     public_paths: Collection[str] = security.OPTIONAL_PUBLIC_PATHS,
     allowed_origins: Collection[str] = (),
@@ -46,10 +48,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The client's sockets belong to the server's event loop, so they are made here.
-        client = AsyncEngineClient(engine)
+        client = AsyncEngineClient(engine, detokenizer)
         client.on_lost = on_engine_lost
         client.start()
-        monitor = EngineMonitor(engine, liveness or Liveness(), client.engine_lost)
+        monitor = EngineMonitor(engine, liveness or Liveness(), client.engine_lost, detokenizer)
         monitor.start()
         app.state.server = state = make_state(client)
         if on_ready is not None:

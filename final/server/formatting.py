@@ -1,4 +1,5 @@
-"""OpenAI response shapes: usage, logprobs in the chat and the completions formats, SSE frames."""
+"""OpenAI response shapes: usage, logprobs in the chat and the completions formats, SSE frames
+(`sse` takes a chunk as a dict, or as JSON text: TextFrame's)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,29 @@ def completion_logprobs(
         "top_logprobs": top,
         "text_offset": text_offset,
     }
+
+
+class TextFrame:
+    """One chunk shape serialized once, with a hole for its text: `json(text)` is what json.dumps
+    gives for the chunk with that text, at a fifth of its cost. Streaming writes a chunk per token
+    of every request, and at saturation serializing whole dicts was a share of the API process's
+    time worth taking back. `make(placeholder)` builds the chunk; the text goes where it is."""
+
+    PLACEHOLDER = "\x00text\x00"  # a control character is always escaped: it cannot collide
+
+    def __init__(self, make: Any):
+        dumped = json.dumps(make(self.PLACEHOLDER), ensure_ascii=False)
+        self.head, self.tail = dumped.split(json.dumps(self.PLACEHOLDER, ensure_ascii=False))
+
+    def json(self, text: str) -> str:
+        return self.head + json.dumps(text, ensure_ascii=False) + self.tail
+
+
+def with_field(frame: dict[str, Any] | str, key: str, value: Any) -> dict[str, Any] | str:
+    """The chunk (a dict, or a JSON object's text) with one more key, last."""
+    if isinstance(frame, dict):
+        return {**frame, key: value}
+    return f"{frame[:-1]}, {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}}}"
 
 
 def sse(data: dict[str, Any] | str) -> str:

@@ -2,7 +2,7 @@
 
 `check_request` (and admission.py) raise APIErrors before anything is sent to the engine, so a
 bad request gets a 400 or 503 (never a hung stream). `generate` is one choice of one request: it
-yields OutputDeltas and, however it ends (finished, stop string, client gone, task cancelled),
+yields its TokenUpdates (text included) and, however it ends (finished, stop string, client gone, task cancelled),
 releases the request, aborting it in the engine if it is still running there, so its KV pages
 come back.
 """
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from ..core.errors import ContextLengthError, UserError
 from ..core.limits import max_new_tokens
 from ..core.sampling_params import SamplingParams
-from ..frontend.request_state import OutputDelta, RequestState
+from ..frontend.mailbox import TokenUpdate
 from .errors import bad_request
 from .state import ServerState
 
@@ -48,61 +48,82 @@ def sampling_for_choice(params: SamplingParams, index: int) -> SamplingParams:
     return params.for_choice(index)
 
 
+@dataclasses.dataclass
+class Served:
+    """One request as the API process follows it: what its updates have said so far (the text
+    is the detokenizer process's: frontend/detokenizer_process.py)."""
+
+    rid: int
+    arrival: float  # time.perf_counter() at submission
+    finish_reason: str | None = None
+    num_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+    error_code: str | None = None  # see engine/messages.py's RequestDelta.error_code
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def apply(self, update: TokenUpdate) -> None:
+        self.num_tokens += len(update.token_ids)
+        self.cached_tokens = update.cached_tokens
+        self.finish_reason = update.finish_reason
+        if update.error is not None:
+            self.error, self.error_code = update.error, update.error_code
+
+
 async def generate(
     state: ServerState,
     prompt_ids: list[int],
     params: SamplingParams,
     is_disconnected: Callable[[], Awaitable[bool]],
-) -> AsyncIterator[tuple[OutputDelta, RequestState]]:
+) -> AsyncIterator[tuple[TokenUpdate, Served]]:
+    """The request's updates, one per engine step that gave it tokens (never two steps merged:
+    each becomes its own frame), as they come."""
     client, metrics = state.client, state.metrics
-    rid, queue = client.submit(prompt_ids, params)
-    request = RequestState(rid, prompt_ids, params, state.tokenizer)
+    rid, mailbox = client.submit(prompt_ids, params)
+    request = Served(rid, time.perf_counter())
     last_token_at: float | None = None
     last_check = time.monotonic()
     try:
         while not request.finished:
-            try:
-                delta = await asyncio.wait_for(queue.get(), DISCONNECT_CHECK_S)
-            except asyncio.TimeoutError:
-                delta = None
+            updates = await mailbox.get()  # woken by the step's update, or every NUDGE_S
             if time.monotonic() - last_check >= DISCONNECT_CHECK_S:
                 last_check = time.monotonic()
                 if await is_disconnected():
                     raise ClientGone
-            if delta is None:
-                continue
-            out = request.apply(delta)
-            if out is None:
-                continue
-            now = time.perf_counter()
-            for _ in out.token_ids:
-                if last_token_at is None:
-                    metrics.ttft.observe(now - request.arrival)
-                else:
-                    metrics.itl.observe(now - last_token_at)
-                last_token_at = now
-            metrics.generation_tokens += len(out.token_ids)
-            yield out, request
+            for update in updates:
+                request.apply(update)
+                if update.token_ids:
+                    now = time.perf_counter()
+                    if last_token_at is None:
+                        metrics.ttft.observe(now - request.arrival)
+                    else:
+                        metrics.itl.observe(now - last_token_at)
+                    metrics.itl.observe_many(0.0, len(update.token_ids) - 1)  # tokens of one step
+                    last_token_at = now
+                    metrics.generation_tokens += len(update.token_ids)
+                    if update.tokens_at:
+                        metrics.frontend.observe(time.monotonic() - update.tokens_at)
+                yield update, request
+                if request.finished:
+                    break
     finally:
-        # Still running in the engine: the client went away, the task was cancelled, or a stop
-        # string ended it. Abort it there so its pages return to the pool.
-        engine_still_has_it = (
-            not request.finished or request.needs_abort or request.error_code == "shutting_down"
-        )
+        # Still running in the engine: the client went away, the task was cancelled, or the
+        # server is shutting down. Abort it there so its pages return to the pool. (A stop string
+        # is the detokenizer process's to abort: it tells the engine itself.)
+        engine_still_has_it = not request.finished or request.error_code == "shutting_down"
         client.release(rid, abort=engine_still_has_it)
         if request.finished:
-            metrics.finished[request.output.finish_reason or "unknown"] += 1
+            metrics.finished[request.finish_reason or "unknown"] += 1
             metrics.prompt_tokens += len(prompt_ids)
             metrics.e2e.observe(time.perf_counter() - request.arrival)
         else:
             metrics.finished["abort"] += 1
             # A client that goes away is normal: one INFO line. A stream learns it as ClientGone
             # (our poll) or as a cancellation (Starlette's own disconnect watch), whichever is first.
-            log.info(
-                "request %d: the client went away; aborted after %d tokens",
-                rid,
-                len(request.output.token_ids),
-            )
+            log.info("request %d: the client went away; aborted after %d tokens", rid, request.num_tokens)
 
 
 @dataclasses.dataclass
@@ -116,14 +137,14 @@ class Job:
 
 async def generate_many(
     state: ServerState, jobs: list[Job], is_disconnected: Callable[[], Awaitable[bool]]
-) -> AsyncIterator[tuple[int, OutputDelta, RequestState]]:
+) -> AsyncIterator[tuple[int, TokenUpdate, Served]]:
     """Every job run concurrently, their deltas interleaved as they come: (index, delta, state)."""
     if len(jobs) == 1:
         job = jobs[0]
         async for out, request in generate(state, job.prompt_ids, job.params, is_disconnected):
             yield job.index, out, request
         return
-    merged: asyncio.Queue[tuple[int, OutputDelta, RequestState] | Exception | None] = asyncio.Queue()
+    merged: asyncio.Queue[tuple[int, TokenUpdate, Served] | Exception | None] = asyncio.Queue()
 
     async def pump(job: Job) -> None:
         try:

@@ -99,6 +99,7 @@ def serve(args: ServeOptions, config: EngineConfig) -> int:
         generation_config=args.generation_config,
         sampling_flags=sampling_flags(args),
         chat_template=args.chat_template,
+        detokenizer=True,
     )
     try:
         code = run_http(args, config, frontend, api_key, log_level)
@@ -173,9 +174,11 @@ def run_http(
         lost.append(True)
         uv_server.should_exit = True  # uvicorn drains them (GRACEFUL_SHUTDOWN_S at most), then we exit
 
+    assert frontend.detokenizer is not None, "the server starts its frontend with a detokenizer process"
     app = create_app(
         state,
         engine,
+        frontend.detokenizer,
         api_key=api_key,
         public_paths=args.public_paths,
         allowed_origins=args.allowed_origins or (),

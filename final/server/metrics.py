@@ -6,7 +6,7 @@ API process, gauges read from the engine on each scrape.
     final_requests_in_flight                final_kv_pages_total / _free / final_kv_usage_ratio
     final_prefix_cache_hit_ratio            final_preemptions_total     final_engine_steps_total
     final_time_to_first_token_seconds, final_inter_token_latency_seconds,
-    final_e2e_request_latency_seconds       (histograms)
+    final_e2e_request_latency_seconds, final_frontend_latency_seconds (histograms)
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ..engine.messages import EngineStats
 PREFIX = "final_"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+FRONTEND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -33,6 +34,12 @@ class Histogram:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.sum += value
         self.count += 1
+
+    def observe_many(self, value: float, times: int) -> None:
+        if times > 0:
+            self.counts[bisect.bisect_left(self.buckets, value)] += times
+            self.sum += value * times
+            self.count += times
 
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
@@ -55,6 +62,11 @@ class Metrics:
         )
         self.itl = Histogram("inter_token_latency_seconds", "Time between consecutive tokens.", ITL_BUCKETS)
         self.e2e = Histogram("e2e_request_latency_seconds", "Time from request to last token.", E2E_BUCKETS)
+        self.frontend = Histogram(
+            "frontend_latency_seconds",
+            "Time from a step's tokens reaching the engine's host to their frame leaving the API process.",
+            FRONTEND_BUCKETS,
+        )
 
     def render(self, stats: EngineStats, in_flight: int) -> str:
         lines: list[str] = []
@@ -117,6 +129,6 @@ class Metrics:
             [("", stats.num_preemptions)],
         )
         metric("engine_steps_total", "counter", "Forward passes the engine ran.", [("", stats.num_steps)])
-        for histogram in (self.ttft, self.itl, self.e2e):
+        for histogram in (self.ttft, self.itl, self.e2e, self.frontend):
             lines.extend(histogram.render())
         return "\n".join(lines) + "\n"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,17 +20,17 @@ from fastapi.responses import JSONResponse, Response
 
 from ..core.errors import UserError
 from ..core.sampling_params import SamplingParams
-from ..engine.messages import ENGINE_DEAD
-from ..frontend.request_state import OutputDelta, RequestState
+from ..frontend.mailbox import TokenUpdate
 from ..frontend.sampling_defaults import fit_default_max_tokens
 from .admission import Ticket, TicketedStream
-from .errors import APIError, bad_request, engine_dead, engine_failed, internal_error, model_not_found
-from .formatting import SSE_DONE, TextOffsets, chat_logprobs, completion_logprobs, sse, usage
-from .generation import ClientGone, Job, check_request, generate_many, sampling_for_choice
+from .errors import bad_request, engine_dead, model_not_found
+from .formatting import TextFrame, TextOffsets, chat_logprobs, completion_logprobs, usage
+from .generation import Job, check_request, generate_many, sampling_for_choice
 from .prompts import chat_prompt, completion_prompts
 from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest, structured_outputs
 from .request_body import read_request
 from .state import ServerState
+from .streaming import engine_error, stream_sse
 
 log = logging.getLogger(__name__)
 
@@ -82,63 +81,20 @@ class Choice:
     finish_reason: str | None = None
 
 
-def _engine_error(request: RequestState) -> APIError:
-    """What a request the engine failed (or refused) tells its client. The engine's own words are
-    for the log: they name processes, signals and exceptions."""
-    message = request.error or "the engine failed"
-    if request.error_code == "invalid_request":  # the engine's own check refused the input
-        return bad_request(message)
-    if request.error_code == "shutting_down":
-        return APIError(503, message, type="server_error", code="shutting_down")
-    if request.error_code == ENGINE_DEAD:  # logged once, where the loss was found
-        return engine_dead()
-    log.error("request %d failed in the engine: %s", request.rid, message)
-    return engine_failed()
-
-
 async def _collect(state: ServerState, jobs: list[Job], http: Request) -> tuple[list[Choice], int]:
     choices = [Choice() for _ in jobs]
     cached = 0
     async with aclosing(generate_many(state, jobs, http.is_disconnected)) as deltas:
         async for index, out, request in deltas:
             if out.finish_reason == "error":
-                raise _engine_error(request)
+                raise engine_error(request)
             choice = choices[index]
             choice.text += out.text
             choice.token_ids += out.token_ids
-            choice.logprobs += out.logprobs
+            choice.logprobs += out.logprobs or []
             choice.finish_reason = out.finish_reason or choice.finish_reason
-            cached = max(cached, request.output.cached_tokens)
+            cached = max(cached, request.cached_tokens)
     return choices, cached
-
-
-async def _stream(
-    state: ServerState, jobs: list[Job], http: Request, chunk: Any, first_chunks: list[dict], final_usage: Any
-) -> AsyncIterator[str]:
-    """SSE frames: first_chunks, one chunk per delta (chunk(index, out)), then usage and [DONE]."""
-    completion_tokens, cached = 0, 0
-    try:
-        for first in first_chunks:
-            yield sse(first)
-        failed = False
-        async with aclosing(generate_many(state, jobs, http.is_disconnected)) as deltas:
-            async for index, out, request in deltas:
-                if out.finish_reason == "error":
-                    yield sse(_engine_error(request).body())
-                    failed = True
-                    break
-                completion_tokens += len(out.token_ids)
-                cached = max(cached, request.output.cached_tokens)
-                for frame in chunk(index, out):
-                    yield sse(frame)
-        if final_usage is not None and not failed:
-            yield sse(final_usage(completion_tokens, cached))
-        yield SSE_DONE
-    except ClientGone:
-        return  # nobody to send to; generate() has aborted the requests
-    except Exception as err:  # the headers are sent: end the stream with an error event
-        yield sse(internal_error(err, "while streaming").body())
-        yield SSE_DONE
 
 
 # ------------------------------------------------------------------------------------- chat
@@ -221,10 +177,15 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         }
 
-    def chunk(index: int, out: OutputDelta) -> list[dict]:
-        frames = []
+    # The common chunk, text alone, serialized once per choice (formatting.TextFrame).
+    texts = [TextFrame(lambda text, i=i: frame(i, {"content": text})) for i in range(req.n)]
+
+    def chunk(index: int, out: TokenUpdate) -> list[dict | str]:
+        if out.text and not want_logprobs and not out.finish_reason:
+            return [texts[index].json(out.text)]
+        frames: list[dict | str] = []
         if out.text or (want_logprobs and out.token_ids):
-            lp = chat_logprobs(state.tokenizer, out.token_ids, out.logprobs) if want_logprobs else None
+            lp = chat_logprobs(state.tokenizer, out.token_ids, out.logprobs or []) if want_logprobs else None
             frames.append(frame(index, {"content": out.text}, lp))
         if out.finish_reason:
             frames.append(frame(index, {}, finish=out.finish_reason))
@@ -234,7 +195,9 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
         return {**base, "choices": [], "usage": usage(len(prompt_ids), completion_tokens, cached)}
 
     firsts = [frame(i, {"role": "assistant", "content": ""}) for i in range(req.n)]
-    stream = _stream(state, jobs, http, chunk, firsts, final_usage if req.include_usage else None)
+    stream = stream_sse(
+        state, jobs, http, chunk, firsts, final_usage if req.include_usage else None, req.include_timing
+    )
     return TicketedStream(ticket, stream)
 
 
@@ -286,17 +249,27 @@ async def _completion(state: ServerState, req: CompletionRequest, http: Request,
         base["usage"] = None
     offsets = [TextOffsets(state.tokenizer, job.prompt_ids) for job in jobs]  # of each choice's next token
 
-    def chunk(index: int, out: OutputDelta) -> list[dict]:
+    def text_choice(index: int, text: str) -> dict:
+        return {**base, "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": None}]}
+
+    # The common chunk, text alone, serialized once per choice (formatting.TextFrame).
+    texts = [TextFrame(lambda text, i=i: text_choice(i, text)) for i in range(len(jobs))]
+
+    def chunk(index: int, out: TokenUpdate) -> list[dict | str]:
+        if out.text and not want_logprobs and not out.finish_reason:
+            return [texts[index].json(out.text)]
         if not (out.text or out.finish_reason or (want_logprobs and out.token_ids)):
             return []
         lp = None
         if want_logprobs:
-            lp = completion_logprobs(state.tokenizer, out.token_ids, out.logprobs, offsets[index])
+            lp = completion_logprobs(state.tokenizer, out.token_ids, out.logprobs or [], offsets[index])
         choice = {"index": index, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason}
         return [{**base, "choices": [choice]}]
 
     def final_usage(completion_tokens: int, cached: int) -> dict | None:
         return {**base, "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached)}
 
-    stream = _stream(state, jobs, http, chunk, [], final_usage if req.include_usage else None)
+    stream = stream_sse(
+        state, jobs, http, chunk, [], final_usage if req.include_usage else None, req.include_timing
+    )
     return TicketedStream(ticket, stream)

@@ -46,6 +46,11 @@ class StrictModel(BaseModel):
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
+    include_timing: bool = Field(
+        False,
+        description="extension: each chunk with tokens carries `timing`, the monotonic clock's seconds "
+        "when its tokens reached the engine's host, left the detokenizer and left the server",
+    )
 
 
 class TextPart(StrictModel):
@@ -157,6 +162,10 @@ class CommonFields(StrictModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def include_timing(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_timing)
 
 
 class ChatCompletionRequest(CommonFields):

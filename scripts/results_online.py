@@ -1,0 +1,160 @@
+"""The online comparison on the Performance page (docs/serving/performance.md, issue 27): final/'s
+server against Mini-SGLang's, rate by rate, from one device call, with the ratio of each measure;
+final/ under --chunk-policy prefill-first beside it when that call measured it; and a figure of TTFT
+and ITL against the rate for every server.
+
+A call is the set of results sharing a `run_id` (scripts/gpu_run.sh's online-policy or
+bench-final-online + peers-online). Per GPU the newest call with both servers' online results at
+full scale is shown; nothing typed by hand, and a GPU with no such call says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from scripts.results_model import HEADER, Result, device_of, device_order, format_metric, format_ratio
+
+FINAL, PEER = "final", "mini-sglang"
+PREFILL_FIRST = "--chunk-policy prefill-first"
+EMPTY = "*No device call has measured both servers online yet: the next GPU run (`scripts/gpu_run.sh online-policy`).*"
+# (metric, title, higher is better): the ratio is final/'s speed-up, above 1 when final/ is ahead.
+COLUMNS = (
+    ("output_tok_per_s", "tok/s", True),
+    ("ttft_ms_p50", "TTFT p50 (ms)", False),
+    ("ttft_ms_p99", "TTFT p99 (ms)", False),
+    ("itl_ms_p50", "ITL p50 (ms)", False),
+    ("itl_ms_p99", "ITL p99 (ms)", False),
+)
+SMOOTH = (  # final/'s own split, and how smooth each server's streams were
+    ("step_ms_p50", "engine step (ms)"),
+    ("frontend_ms_p50", "engine → client p50 (ms)"),
+    ("burst_share_half_step", "gaps < ½ step"),
+    ("burst_share_2ms", "gaps < 2 ms"),
+)
+
+
+def variant(result: Result) -> str | None:
+    """Which server a result measured: final/ as it serves, final/ prefill-first, Mini-SGLang."""
+    if result.workload != "online" or float(result.config.get("scale", 1.0)) != 1.0 or not result.run_id:
+        return None
+    if result.stage == PEER:
+        return PEER
+    if result.stage != FINAL:
+        return None
+    args = str(result.config.get("server_args", ""))
+    return FINAL if not args else "prefill-first" if args.strip() == PREFILL_FIRST else None
+
+
+def rate_key(rate: str) -> float:
+    return float("inf") if rate == "inf" else float(rate)
+
+
+def newest_call(results: list[Result], device: str) -> dict[str, dict[str, Result]] | None:
+    """{variant: {rate: result}} of the newest call on `device` that measured both servers."""
+    calls: dict[str, dict[str, dict[str, Result]]] = {}
+    for r in results:
+        kind = variant(r)
+        if kind is not None and device_of(r) == device:
+            calls.setdefault(r.run_id or "", {}).setdefault(kind, {})[str(r.config.get("rate"))] = r
+    both = [c for c in calls.values() if FINAL in c and PEER in c]
+    if not both:
+        return None
+    return max(both, key=lambda c: max(r.timestamp for kind in c.values() for r in kind.values()))
+
+
+def devices(results: list[Result]) -> list[str]:
+    found = {device_of(r) for r in results if variant(r) is not None and device_of(r) != "CPU"}
+    return sorted(found, key=device_order)
+
+
+def _share(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def render(results: list[Result], plot_link: str | None = None) -> str:
+    out = [HEADER, ""]
+    shown = [d for d in devices(results) if newest_call(results, d) is not None]
+    if not shown:
+        return "\n".join([*out, EMPTY, ""])
+    for device in shown:
+        call = newest_call(results, device)
+        assert call is not None
+        ours, theirs = call[FINAL], call[PEER]
+        rates = sorted(set(ours) & set(theirs), key=rate_key)
+        run_id = next(iter(ours.values())).run_id
+        out += [
+            f"### {device}",
+            "",
+            f"One device call (`{run_id}`); the ratio is final/'s speed-up, above 1 when it is ahead.",
+            "",
+        ]
+        head = ["rate (req/s)"] + [f"{title}: final/ · Mini-SGLang · ratio" for _, title, _ in COLUMNS]
+        out += ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(COLUMNS)]
+        for rate in rates:
+            cells = [rate]
+            for metric, _, higher in COLUMNS:
+                a, b = ours[rate].metrics.get(metric), theirs[rate].metrics.get(metric)
+                if a is None or b is None:
+                    cells.append("—")
+                    continue
+                ratio = a / b if higher else b / a
+                cells.append(f"{format_metric(a)} · {format_metric(b)} · {format_ratio(ratio)}")
+            out.append("| " + " | ".join(cells) + " |")
+        out += ["", *_smoothness(call, rates), ""]
+        if plot_link:
+            out += [f"![TTFT and ITL against the request rate, {device}]({plot_link})", ""]
+    return "\n".join(out)
+
+
+def _smoothness(call: dict[str, dict[str, Result]], rates: list[str]) -> list[str]:
+    kinds = [k for k in (FINAL, "prefill-first", PEER) if k in call]
+    names = {FINAL: "final/", "prefill-first": "final/ prefill-first", PEER: "Mini-SGLang"}
+    head = ["rate (req/s)", "server", "tok/s", "TTFT p50 (ms)", "ITL p50 (ms)", *(t for _, t in SMOOTH)]
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
+    fmt: dict[str, Callable[[float], str]] = {"burst_share_half_step": _share, "burst_share_2ms": _share}
+    for rate in rates:
+        for kind in kinds:
+            r = call[kind].get(rate)
+            if r is None:
+                continue
+            metrics = ("output_tok_per_s", "ttft_ms_p50", "itl_ms_p50", *(m for m, _ in SMOOTH))
+            cells = [fmt.get(m, format_metric)(r.metrics[m]) if m in r.metrics else "—" for m in metrics]
+            lines.append(f"| {rate} | {names[kind]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(results: list[Result], target: Path) -> bool:
+    """TTFT p50 and ITL p50 against the rate, a line per server, a row of panels per GPU; False
+    (and no file) when no call has both servers."""
+    shown = [(d, newest_call(results, d)) for d in devices(results)]
+    shown = [(d, c) for d, c in shown if c is not None]
+    if not shown:
+        return False
+    from scripts.results_plots import _pyplot, _save
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(shown), 2, figsize=(8, 3.0 * len(shown)), squeeze=False)
+    styles = {FINAL: ("final/", "#3f6fb5", "o"), "prefill-first": ("final/ prefill-first", "#5aa469", "s"),
+              PEER: ("Mini-SGLang", "#8c8c8c", "^")}  # fmt: skip
+    for (device, call), row in zip(shown, axes, strict=True):
+        for ax, (metric, title) in zip(
+            row, (("ttft_ms_p50", "TTFT p50"), ("itl_ms_p50", "ITL p50")), strict=True
+        ):
+            labels = sorted({rate for kind in call.values() for rate in kind}, key=rate_key)
+            for kind, (name, color, marker) in styles.items():
+                points = [(i, call[kind][rate].metrics[metric]) for i, rate in enumerate(labels)
+                          if kind in call and rate in call[kind] and metric in call[kind][rate].metrics]  # fmt: skip
+                if points:
+                    ax.plot(*zip(*points, strict=True), marker=marker, color=color, label=name)
+            ax.set_xticks(range(len(labels)), [("saturation" if r == "inf" else r) for r in labels])
+            ax.set_yscale("log")
+            ax.set_xlabel("request rate (req/s)")
+            ax.set_ylabel("ms, log scale")
+            ax.set_title(f"{device} · {title}", loc="left", fontweight="bold")
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, target)
+    plt.close(fig)
+    return True

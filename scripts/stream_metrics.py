@@ -1,0 +1,148 @@
+"""What the online benchmark computes from its streams (scripts/bench_online.py): latency
+percentiles, throughput, and how smooth each stream was.
+
+Per request the client keeps when it sent it and when each streamed chunk arrived (one token
+each, as a rule), all on `time.monotonic()`. A server that sends `timing` with its chunks (final/,
+stream_options.include_timing) adds, per chunk, when its token reached the engine's host and when
+the server wrote it, on the same clock (CLOCK_MONOTONIC is one clock for every process of a
+machine): a token's latency then splits into the engine's part and the frontend's.
+
+    itl_ms           time between consecutive chunks of a request, at the client
+    step_ms_p50      the engine's decode step at that load: the median gap between a request's
+                     tokens on the engine's clock; for a server without timing, the median TPOT
+                     (step_source(), in the result's config, says which)
+    burst_share_half_step   share of the client's gaps under half that step: tokens sampled a step
+                     apart that arrived together (the issue-27 goal: at most 5% below saturation)
+    burst_share_2ms  share of the client's gaps under 2 ms
+    smooth_streams_share    share of requests with at most 5% of their gaps under half the step
+    frontend_burst_share    share of gaps at the client under half the same two tokens' gap at
+                     the engine: the bursts the frontend made (with timing only)
+    engine_itl_ms    the gaps on the engine's clock
+    frontend_ms      a token's time from the engine's host to the client (detokenizer, API process,
+                     HTTP); server_ms of it until the server wrote it, network_ms the rest
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+SMOOTH_MAX_BURSTS = 0.05  # a stream is smooth with at most this share of its gaps in bursts
+
+
+@dataclass
+class Record:
+    sent: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    engine_times: list[float] = field(default_factory=list)  # per chunk, when the server says
+    written_times: list[float] = field(default_factory=list)  # per chunk: when the server wrote it
+    completion_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.sent
+
+    @property
+    def e2e(self) -> float:
+        return self.chunk_times[-1] - self.sent
+
+    def gaps_ms(self) -> list[float]:
+        return _gaps(self.chunk_times)
+
+    def timed(self) -> bool:
+        return bool(self.chunk_times) and len(self.engine_times) == len(self.chunk_times)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def spread(name: str, values: list[float]) -> dict[str, float]:
+    return {f"{name}_p50": percentile(values, 50), f"{name}_p90": percentile(values, 90),
+            f"{name}_p99": percentile(values, 99)}  # fmt: skip
+
+
+def _gaps(times: list[float]) -> list[float]:
+    return [(b - a) * 1e3 for a, b in zip(times, times[1:], strict=False)]
+
+
+def step_source(records: list[Record]) -> str:
+    """Where step_ms_p50 comes from: the engine's clock, or (a server without timing) the TPOT."""
+    return (
+        "engine" if any(r.timed() and len(r.engine_times) > 1 for r in records if r.error is None) else "tpot"
+    )
+
+
+def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
+    timed = [r for r in done if r.timed()]
+    engine_gaps = [g for r in timed for g in _gaps(r.engine_times)]
+    step = percentile(engine_gaps, 50) if engine_gaps else percentile(tpot, 50)
+    gaps = [g for r in done for g in r.gaps_ms()]
+    if not gaps or math.isnan(step):
+        return {}
+    half = step / 2
+    per_stream = [sum(g < half for g in r.gaps_ms()) / len(r.gaps_ms()) for r in done if r.gaps_ms()]
+    out: dict[str, float] = {
+        "step_ms_p50": step,
+        "burst_share_half_step": sum(g < half for g in gaps) / len(gaps),
+        "burst_share_2ms": sum(g < 2.0 for g in gaps) / len(gaps),
+        "smooth_streams_share": sum(s <= SMOOTH_MAX_BURSTS for s in per_stream) / len(per_stream),
+    }
+    if engine_gaps:
+        # Bursts the frontend made: a gap at the client under half the same two tokens' gap at the
+        # engine (the engine's own uneven steps, a prefill among decodes, are not counted).
+        pairs = [
+            (c, e) for r in timed for c, e in zip(r.gaps_ms(), _gaps(r.engine_times), strict=True) if e > 0
+        ]
+        out["frontend_burst_share"] = sum(c < e / 2 for c, e in pairs) / len(pairs) if pairs else 0.0
+        frontend = [(c - e) * 1e3 for r in timed for c, e in zip(r.chunk_times, r.engine_times, strict=True)]
+        server = [(w - e) * 1e3 for r in timed for w, e in zip(r.written_times, r.engine_times, strict=False)]
+        network = [(c - w) * 1e3 for r in timed for c, w in zip(r.chunk_times, r.written_times, strict=False)]
+        out |= spread("engine_itl_ms", engine_gaps) | spread("frontend_ms", frontend)
+        out |= spread("server_ms", server) | spread("network_ms", network)
+    return out
+
+
+def summarize(records: list[Record], duration: float) -> dict[str, float]:
+    done = [r for r in records if r.error is None]
+    ttft = [r.ttft * 1e3 for r in done]
+    itl = [g for r in done for g in r.gaps_ms()]
+    tpot = [
+        (r.chunk_times[-1] - r.chunk_times[0]) * 1e3 / (r.completion_tokens - 1)
+        for r in done
+        if r.completion_tokens > 1
+    ]
+    e2e = [r.e2e * 1e3 for r in done]
+    tokens = sum(r.completion_tokens for r in done)
+    metrics: dict[str, float] = {
+        "output_tok_per_s": tokens / duration,
+        "ttft_ms_p50": percentile(ttft, 50),
+        "itl_ms_p50": percentile(itl, 50),
+        "ttft_ms_p99": percentile(ttft, 99),
+        "itl_ms_p99": percentile(itl, 99),
+        "ttft_ms_mean": statistics.fmean(ttft) if ttft else float("nan"),
+        "ttft_ms_p90": percentile(ttft, 90),
+        "itl_ms_mean": statistics.fmean(itl) if itl else float("nan"),
+        "itl_ms_p10": percentile(itl, 10),
+        "itl_ms_p90": percentile(itl, 90),
+        "tpot_ms_mean": statistics.fmean(tpot) if tpot else float("nan"),
+        "tpot_ms_p50": percentile(tpot, 50),
+        "tpot_ms_p99": percentile(tpot, 99),
+        "e2e_ms_p50": percentile(e2e, 50),
+        "e2e_ms_p99": percentile(e2e, 99),
+        "requests_per_s": len(done) / duration,
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "output_tokens": tokens,
+        "duration_s": duration,
+        **smoothness(done, tpot),
+    }
+    # JSON has no NaN: a metric nobody measured (one-token answers have no ITL) is left out.
+    return {k: v for k, v in metrics.items() if not math.isnan(v)}

@@ -1,0 +1,46 @@
+"""scripts/stream_metrics.py: how smooth the online benchmark's streams were, on streams whose
+answers are worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.stream_metrics import Record, step_source, summarize
+
+
+def record(engine_ms: list[float], client_ms: list[float], timed: bool = True) -> Record:
+    r = Record(sent=0.0, chunk_times=[t / 1e3 for t in client_ms], completion_tokens=len(client_ms))
+    if timed:
+        r.engine_times = [t / 1e3 for t in engine_ms]
+        r.written_times = [(t - 0.5) / 1e3 for t in client_ms]  # written half a millisecond before
+    return r
+
+
+STREAMS = [
+    record([0, 10, 20, 30, 40], [1, 11, 21, 31.5, 31.6]),  # the frontend held two tokens together
+    record([0, 10, 20, 21], [2, 12, 22, 23]),  # the engine's own short step: no frontend burst
+    record([0, 10, 20], [1, 11, 18]),  # smooth: a frame 3 ms early is no burst
+]
+
+
+def test_bursts_are_counted_against_half_the_engines_step():
+    m = summarize(STREAMS, duration=1.0)
+    # Engine gaps: 10 (x8) and 1: the step is 10 ms. Client gaps: 10, 10, 10.5, 0.1 | 10, 10, 1 | 10, 7.
+    assert m["step_ms_p50"] == pytest.approx(10.0)
+    assert m["burst_share_half_step"] == pytest.approx(2 / 9)  # 0.1 and 1 are under 5 ms
+    assert m["burst_share_2ms"] == pytest.approx(2 / 9)
+    assert m["frontend_burst_share"] == pytest.approx(1 / 9)  # 1 ms at the client was 1 ms at the engine
+    assert m["smooth_streams_share"] == pytest.approx(1 / 3)
+    assert m["network_ms_p50"] == pytest.approx(0.5)
+    assert m["frontend_ms_p50"] == pytest.approx(1.0)  # client time minus engine time, per token
+    assert m["itl_ms_p50"] == pytest.approx(10.0)
+    assert step_source(STREAMS) == "engine"
+
+
+def test_without_timing_the_step_is_the_median_tpot():
+    streams = [record([], [0, 10, 20, 20.5, 40], timed=False), record([], [0, 10, 20], timed=False)]
+    m = summarize(streams, duration=1.0)
+    assert step_source(streams) == "tpot"
+    assert m["step_ms_p50"] == pytest.approx(10.0)  # TPOTs 10 and 10
+    assert m["burst_share_half_step"] == pytest.approx(1 / 6)  # 0.5 ms among 10, 10, 0.5, 19.5, 10, 10
+    assert "frontend_ms_p50" not in m and "frontend_burst_share" not in m
