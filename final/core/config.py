@@ -28,6 +28,7 @@ def positive_or_zero(text: str) -> int:
 
 MODEL, ENGINE, PARALLEL = "model", "engine", "tensor parallelism"  # the flags' groups in --help
 OVERLAP_MODES = ("auto", "on", "off")
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")  # core/devices.py maps them to torch dtypes
 
 
 @dataclass
@@ -80,6 +81,14 @@ class EngineConfig:
         "prefix cache: radix reuses the KV of shared prompt prefixes; naive recomputes every prompt",
         group=ENGINE,
         aliases=("--cache-type",),
+    )
+    kv_cache_dtype: str = option(
+        "auto",
+        "what the KV cache stores: auto: the model's dtype; bf16; fp8_e4m3: FP8 (E4M3) with one "
+        "scale per layer for K and one for V (the checkpoint's k_scale/v_scale, else 1.0), twice the "
+        "tokens in the same memory; the start-up log says the dtype and the tokens",
+        group=ENGINE,
+        choices=KV_CACHE_DTYPES,
     )
     cuda_graph_max_bs: int | None = option(
         None,
@@ -173,6 +182,10 @@ class EngineConfig:
                 "--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, reachable from every node)",
             ),
             (self.dist_timeout > 0, f"--dist-timeout must be > 0, got {self.dist_timeout}"),
+            (
+                self.kv_cache_dtype in KV_CACHE_DTYPES,
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
+            ),
             (
                 self.overlap in OVERLAP_MODES,
                 f"--overlap must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}",

@@ -29,3 +29,22 @@ def pick_dtype(name: str, checkpoint_dtype: torch.dtype, device: torch.device) -
     if device.type == "cpu":
         return torch.float32
     return checkpoint_dtype if checkpoint_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+# --kv-cache-dtype's names (core/config.py's KV_CACHE_DTYPES, but `auto`: the model's dtype).
+KV_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+def pick_kv_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The KV pool's dtype for `--kv-cache-dtype name` when the model computes in `dtype`."""
+    if name == "auto":
+        return dtype
+    if name not in KV_TORCH_DTYPES:
+        raise UserError(f"unknown --kv-cache-dtype {name!r}; use auto, {', '.join(KV_TORCH_DTYPES)}")
+    return KV_TORCH_DTYPES[name]
+
+
+def kv_dtype_name(kv_dtype: torch.dtype) -> str:
+    """The --kv-cache-dtype name of a pool dtype (`bf16`, `fp8_e4m3`), or torch's name of it."""
+    names = {dtype: name for name, dtype in KV_TORCH_DTYPES.items()}
+    return names.get(kv_dtype, str(kv_dtype).removeprefix("torch."))
