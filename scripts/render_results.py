@@ -29,7 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts import generated, results_attention, results_ladder, results_plots, results_versus  # noqa: E402
+from scripts import (  # noqa: E402
+    generated,
+    results_attention,
+    results_kv_fp8,
+    results_ladder,
+    results_plots,
+    results_versus,
+)
 from scripts.results_model import (  # noqa: E402, F401  (re-exported: the tests and other scripts use them)
     HEADER,
     Result,
@@ -65,6 +72,8 @@ LADDER_PLOT = PLOTS_DIR / "ladder.png"
 # The attention page's own table and plot (docs/serving/attention.md; scripts/results_attention.py).
 ATTENTION = GENERATED_DIR / "attention_backends.md"
 ATTENTION_PLOT = PLOTS_DIR / "attention_backends.png"
+# The FP8 KV cache's page (docs/serving/kv_fp8.md; scripts/results_kv_fp8.py).
+KV_FP8 = GENERATED_DIR / "kv_fp8.md"
 
 
 def default_groups(root: Path) -> list[str]:
@@ -221,6 +230,7 @@ def render_markdown(root: Path = ROOT) -> dict[Path, str]:
     pages[PERFORMANCE_VERSUS] = results_versus.render(results)
     if (Path(root) / "final").is_dir():
         pages[ATTENTION] = results_attention.render(results, f"../assets/plots/{ATTENTION_PLOT.name}")
+        pages[KV_FP8] = results_kv_fp8.render(results)
     return pages
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from scripts import kv_fp8_accuracy, kv_fp8_capacity
+from scripts import kv_fp8_accuracy, kv_fp8_capacity, results_kv_fp8
 from scripts.results_model import parse_result
 
 
@@ -68,3 +68,35 @@ def test_compare_stops_at_the_first_difference_and_reads_the_reference_token_the
     assert m["abs_dlogprob_max"] == pytest.approx(0.4) and m["left_out_tokens"] == 0
     gone = out([1, 7, 5], [[(1, -0.3)], [(7, -0.6)], [(5, -0.1)]])  # the reference's 2 not in its top
     assert kv_fp8_accuracy.compare([ref], [gone], tokens=3)["left_out_tokens"] == 1
+
+
+def gpu_result(name: str, workload: str, metrics: dict, **extra) -> dict:
+    return {
+        "name": name, "stage": "final", "workload": workload, "metrics": metrics,
+        "config": {"kv_cache_dtype": "fp8_e4m3" if "fp8" in name else "bf16"},
+        "hardware": {"cpu": "x", "gpu": "NVIDIA H200"}, "versions": {}, "command": f"make {name}",
+        "timestamp": "2026-01-01T00:00:00Z", **extra,
+    }  # fmt: skip
+
+
+def test_the_page_pairs_bf16_with_fp8_and_says_where_rows_come_from():
+    results = [
+        parse_result(r, r["name"])
+        for r in (
+            gpu_result("kv_offline_bf16_h200", "offline", {"output_tok_per_s": 1000.0}, run_id="a"),
+            gpu_result("kv_offline_fp8_h200", "offline", {"output_tok_per_s": 1500.0, "preemptions": 0}, run_id="a"),
+            gpu_result("kv_latency_bf16_h200", "latency", {"decode_step_ms": 2.0}, run_id="a"),
+            gpu_result("kv_latency_fp8_h200", "latency", {"decode_step_ms": 2.5}, run_id="b"),
+            gpu_result("kv_fp8_decode_kernel_issue32_h200", "kv-decode-kernel", {
+                f"us_b{b}_c{c}_{k}": 100.0 + i for b, c in results_kv_fp8.SHAPES
+                for i, (k, _) in enumerate(results_kv_fp8.KERNELS)}, label="issue 32"),
+        )
+    ]  # fmt: skip
+    text = results_kv_fp8.render(results)
+    assert "| H200 | offline (Nano-vLLM's 256 requests), output tok/s | 1,000 | 1,500 | 1.50x |" in text
+    # Lower is better for a step time, and two device calls are said to be two.
+    assert "| 2 | 2.50 | 0.80x (not one call) | - |" in text
+    assert "| 1.50x | FP8: 0 preemptions |" in text
+    assert "| issue 32, H200 | 64, 16,384 | 100 µs | 101 µs | 102 µs | 103 µs |" in text
+    assert "No accuracy results yet" in text and "No capacity results yet" in text
+    assert "`kv_fp8_decode_kernel_issue32_h200` (2026-01-01T00:00:00Z)" in text

@@ -98,8 +98,9 @@ class _Setup:
 
     def library(self, name: str, phase: str) -> Library | None:
         """The library `name` runs `phase` on here, or a UserError saying why it cannot."""
-        library = support.pick_library(BACKENDS[name], phase, self.device_type, self.capability, self.dtype)
+        # The cache first: a backend that cannot read it is the wrong choice on any machine.
         support.check_kv_dtype(BACKENDS[name], phase, self.kv_dtype, self.dtype)
+        library = support.pick_library(BACKENDS[name], phase, self.device_type, self.capability, self.dtype)
         if self.head_dim is not None:
             support.check_head_dim(name, library, self.head_dim, self.capability)
         return library
