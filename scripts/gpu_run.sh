@@ -65,6 +65,8 @@
 #   kv-fp8        the FP8 KV cache (issue 32), its four parts below, about 8 minutes on an H200 whose
 #                 FlashInfer cache (.fiws-cache) has the bf16 kernels; needs ckpt, and the model kit
 #                 for the default model. Results kv_*_<gpu>.json, rendered on docs/serving/kv_fp8.md
+#   test-kv-fp8   the FP8 KV cache's GPU tests (FlashInfer and XQA over FP8, graphs, capacity), about
+#                 3 minutes with FlashInfer's FP8 kernels to compile
 #   kv-fp8-accuracy  greedy agreement and |d logprob| of FP8 against bf16, 200 prompts x 64 tokens, on
 #                 the default model and the Qwen3-0.6B shape, fi (scripts/kv_fp8_accuracy.py)
 #   kv-fp8-capacity  tokens in the pool and 8k-context requests that fit, bf16 and FP8, --memory-ratio
@@ -260,6 +262,7 @@ run_step() {
         --gpu $gpu --repeats "${VERSUS_REPEATS:-3}"
       ;;
     host-step) $py scripts/bench_host_step.py --steps 200 --json "$out/logs/host_step.json" ;;
+    test-kv-fp8) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kv_fp8.py ;;
     kv-fp8)
       local part rc=0
       for part in kv-fp8-accuracy kv-fp8-capacity kv-fp8-kernel kv-fp8-speed; do
