@@ -3,6 +3,7 @@ the chosen tokens' log-probabilities move (issue 32).
 
     python scripts/kv_fp8_accuracy.py --model-tag smollm2                      # default model, CPU, torch
     python scripts/kv_fp8_accuracy.py --model-tag smollm2 --scales calibrated  # per-layer amax/448 scales
+    python scripts/kv_fp8_accuracy.py --model-tag smollm2 --kv-cache-dtype bf16  # the yardstick: bf16
     python scripts/kv_fp8_accuracy.py --model checkpoints/qwen3-0.6b-random --model-tag qwen306b \\
         --device cuda --attn fi --out benchmarks/results/h200
 
@@ -24,7 +25,9 @@ so results stay comparable as the book changes), of lengths log-uniform in [--mi
 `--scales calibrated` measures each layer's largest |K| and |V| on other prompts of the same
 corpus with the reference engine and gives the FP8 engine amax / 448 through a copy of the
 checkpoint carrying `k_scale`/`v_scale` tensors (models/kv_scales.py): the trade-off against
-the default scales of 1.0 that kvcache/pool.py explains.
+the default scales of 1.0 that kvcache/pool.py explains. `--kv-cache-dtype bf16` measures a bf16
+cache the same way (for a float32 model: on the CPU): how far a rounding 16 times finer than
+FP8's already moves greedy answers, the yardstick to read FP8's numbers against.
 """
 
 from __future__ import annotations
@@ -182,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     progress = not args.no_progress
     reference = engine(folder, args, "auto")
     model_dtype = str(reference.dtype).removeprefix("torch.")
+    if args.kv_cache_dtype == "bf16" and reference.dtype == torch.bfloat16:
+        raise SystemExit(
+            "--kv-cache-dtype bf16 of a bf16 model is its own cache: use a float32 model (--dtype)"
+        )
     scales: dict[str, torch.Tensor] = {}
     if args.scales == "calibrated":  # on other prompts, before the pool holds any of the measured ones
         calibration = build_prompts(
@@ -193,25 +200,28 @@ def main(argv: list[str] | None = None) -> int:
     release(reference)
     with tempfile.TemporaryDirectory() as tmp:
         fp8_folder = with_scales(folder, scales, Path(tmp) / folder.name) if scales else folder
-        fp8 = engine(fp8_folder, args, "fp8_e4m3")
+        fp8 = engine(fp8_folder, args, args.kv_cache_dtype)
         used = args.scales if scales else ("checkpoint" if fp8.core.executor.runner.kv_scales else "one")
-        got = serve(fp8, prompts, params, "fp8 cache", progress)
+        if args.kv_cache_dtype != "fp8_e4m3":
+            used = "none"  # a 16-bit cache has no scales
+        got = serve(fp8, prompts, params, f"{args.kv_cache_dtype} cache", progress)
         release(fp8)
     metrics = compare(want, got, args.tokens)
     tag = device_tag(args.device)
-    name = f"kv_fp8_accuracy_{args.model_tag or slug(folder.name)}_{tag}" + (
+    short = args.kv_cache_dtype.split("_")[0]  # fp8, bf16
+    name = f"kv_{short}_accuracy_{args.model_tag or slug(folder.name)}_{tag}" + (
         "_calibrated" if args.scales == "calibrated" else ""
     )
     result = {
         "name": name,
         "stage": "final",
         "workload": "kv-fp8-accuracy",
-        "label": f"{args.model_tag or folder.name}, {model_dtype} model, scales {used}",
+        "label": f"{args.model_tag or folder.name}, {model_dtype} model, {short} cache, scales {used}",
         "metrics": metrics,
         "config": {
             "model": folder.name,
             "dtype": model_dtype,
-            "kv_cache_dtype": "fp8_e4m3",
+            "kv_cache_dtype": args.kv_cache_dtype,
             "scales": used,
             "attn": args.attn,
             "device": tag,
@@ -263,6 +273,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scales", choices=("one", "calibrated"), default="one")
+    p.add_argument(
+        "--kv-cache-dtype", choices=("fp8_e4m3", "bf16"), default="fp8_e4m3", help="the cache measured"
+    )
     p.add_argument("--calibration-prompts", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--out", type=Path, default=None, help="folder (default: benchmarks/results/<device>)")

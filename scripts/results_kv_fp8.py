@@ -41,6 +41,7 @@ SPEED = (
     ("long_context_small", "long-context at a small --memory-ratio, output tok/s", "output_tok_per_s", True),
 )
 GPU_STEP = code("bash scripts/gpu_run.sh ckpt kv-fp8")
+KV_NAMES = {"fp8_e4m3": "FP8", "bf16": "bf16 (yardstick)"}
 
 
 def table(header: list[str], rows: list[list[str]], align: str = "---:") -> list[str]:
@@ -74,12 +75,13 @@ def accuracy(results: list[Result]) -> list[str]:
     for r in rows:
         c, m = r.config, r.metrics
         body.append([
-            device_of(r), str(c.get("model")), str(c.get("dtype")), str(c.get("scales")), str(c.get("attn")),
+            device_of(r), str(c.get("model")), str(c.get("dtype")), KV_NAMES.get(c.get("kv_cache_dtype"), "?"),
+            str(c.get("scales")), str(c.get("attn")),
             f"{format_metric(m['prompts'])} x {c.get('tokens')}", percent(m["greedy_agreement"]),
             percent(m["agreed_token_share"]), format_metric(m["abs_dlogprob_mean"]),
             format_metric(m["abs_dlogprob_p99"]), format_metric(m["abs_dlogprob_max"]),
         ])  # fmt: skip
-    header = ["Device", "Model", "Model dtype", "Scales", "Attention", "Prompts x tokens",
+    header = ["Device", "Model", "Model dtype", "KV cache", "Scales", "Attention", "Prompts x tokens",
               "All tokens agree", "Tokens before the first difference", "Mean abs Δ logprob",
               "p99 abs Δ logprob", "Max abs Δ logprob"]  # fmt: skip
     return [*table(header, body), "", *provenance(rows)]
