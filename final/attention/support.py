@@ -1,8 +1,9 @@
 """What the machine offers an attention backend, checked against its descriptor (registry.py)
 before the backend is built: a CUDA GPU of the right compute capability, a dtype its kernels
-compute in, a KV-cache dtype it reads, its kernel library, a page size and a head size it takes. A machine that cannot run
-one gets a single message naming the package or the GPU it lacks, never an ImportError or an
-assertion from inside a kernel.
+compute in, a KV-cache dtype they read, its kernel library, a page size and a head size it takes.
+A machine that cannot run one gets a single message naming the package or the GPU it lacks (or,
+for the cache, the backends that read it), never an ImportError or an assertion from inside a
+kernel.
 """
 
 from __future__ import annotations

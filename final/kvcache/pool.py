@@ -4,9 +4,12 @@ The pool may store K and V narrower than the model computes (--kv-cache-dtype fp
 layer then has a scale for K and one for V, and holds x / scale in float8_e4m3fn (kernels/
 kv_write.py quantizes; the attention backends multiply the scale back in). The scales come from
 the checkpoint when it has them (`k_scale`/`v_scale` tensors, as FP8 checkpoints for vLLM and
-SGLang carry: models/weights.py), else 1.0, their default too. A calibrated scale (a layer's
-largest |x| over 448) was measured against 1.0 on the default model (scripts/kv_fp8_accuracy.py
---scales calibrated; docs/serving/kv_fp8.md): see the docs for the numbers behind the choice.
+SGLang carry: models/kv_scales.py), else 1.0, their default too. Why not calibrate on the first
+prefill (a layer's largest |x| over 448): measured on the default model against 1.0
+(scripts/kv_fp8_accuracy.py --scales calibrated; the table in docs/serving/kv_fp8.md), it agreed
+no more often and moved log-probabilities as much, since K and V sit well inside E4M3's range and
+what FP8 loses is its 3 mantissa bits; it would tie every scale to one prompt, and a V scale
+other than 1.0 costs FlashInfer a kernel per layer (it multiplies the output afterwards).
 Scales are fixed when the pool is made: a K written with one scale and read with another would
 be wrong, so no scale may change once anything is stored (and CUDA graphs bake them in).
 """
