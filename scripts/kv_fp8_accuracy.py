@@ -165,10 +165,9 @@ def engine(folder: Path, args: argparse.Namespace, kv_cache_dtype: str) -> final
     )  # fmt: skip
 
 
-def release(llm: final.LLM) -> None:
-    """Free an engine's memory before the next one sizes its pool."""
-    llm.close()
-    del llm
+def free_memory() -> None:
+    """After `llm.close(); del llm`: free the engine's memory before the next one is built (its
+    objects refer to each other, so only the collector frees them)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -197,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         serve(reference, calibration, SamplingParams(temperature=0, max_tokens=1), "calibration", progress)
         scales = calibrate(reference)
     want = serve(reference, prompts, params, "model-dtype cache", progress)
-    release(reference)
+    reference.close()
+    del reference
+    free_memory()
     with tempfile.TemporaryDirectory() as tmp:
         fp8_folder = with_scales(folder, scales, Path(tmp) / folder.name) if scales else folder
         fp8 = engine(fp8_folder, args, args.kv_cache_dtype)
@@ -205,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.kv_cache_dtype != "fp8_e4m3":
             used = "none"  # a 16-bit cache has no scales
         got = serve(fp8, prompts, params, f"{args.kv_cache_dtype} cache", progress)
-        release(fp8)
+        fp8.close()
+        del fp8
+        free_memory()
     metrics = compare(want, got, args.tokens)
     tag = device_tag(args.device)
     short = args.kv_cache_dtype.split("_")[0]  # fp8, bf16
