@@ -26,6 +26,7 @@ from scripts.results_model import (
 )
 
 GROUP = "kv"
+PEER = "mini-sglang"  # scripts/bench_peer.py's results (gpu_run.sh peers, in the same call)
 SHAPES = ((256, 1024), (256, 4096), (64, 16384))
 KERNELS = (
     ("bf16", "bf16"),
@@ -144,6 +145,17 @@ def kv_note(name: str, metrics: dict[str, float]) -> str:
     return f"{name}: {', '.join(parts)}" if parts else ""
 
 
+def peer_value(results: list[Result], bf16: Result, part: str, metric: str) -> str:
+    """Mini-SGLang's figure for the same workload measured in the same device call (it serves a
+    bf16 cache: another precision than FP8's, and the header says so), or '-'."""
+    peers = [
+        r for r in results
+        if r.stage == PEER and r.workload == part and device_of(r) == device_of(bf16)
+        and r.run_id is not None and r.run_id == bf16.run_id and metric in r.metrics
+    ]  # fmt: skip
+    return format_metric(max(peers, key=lambda r: r.timestamp).metrics[metric]) if peers else "-"
+
+
 def speed(results: list[Result]) -> list[str]:
     pairs = speed_pairs(results)
     body, used = [], []
@@ -157,11 +169,13 @@ def speed(results: list[Result]) -> list[str]:
             same_call = both["bf16"].run_id is not None and both["bf16"].run_id == both["fp8"].run_id
             kv = "; ".join(filter(None, (kv_note("bf16", bf16), kv_note("FP8", fp8)))) or "-"
             body.append([device, title, format_metric(bf16[metric]), format_metric(fp8[metric]),
-                         f"{ratio:.2f}x" + ("" if same_call else " (not one call)"), kv])  # fmt: skip
+                         f"{ratio:.2f}x" + ("" if same_call else " (not one call)"),
+                         peer_value(results, both["bf16"], part, metric), kv])  # fmt: skip
             used += [both["bf16"], both["fp8"]]
     if not body:
         return [f"No serving results yet: {GPU_STEP} (its kv-fp8-speed part).", ""]
-    header = ["Device", "Workload", "bf16 cache", "FP8 cache", "FP8's gain", "KV cache and preemptions"]
+    header = ["Device", "Workload", "bf16 cache", "FP8 cache", "FP8's gain", "Mini-SGLang, bf16, same call",
+              "KV cache and preemptions"]  # fmt: skip
     return [*table(header, body), "", *provenance(used)]
 
 

@@ -87,16 +87,23 @@ def test_the_page_pairs_bf16_with_fp8_and_says_where_rows_come_from():
             gpu_result("kv_offline_fp8_h200", "offline", {"output_tok_per_s": 1500.0, "preemptions": 0}, run_id="a"),
             gpu_result("kv_latency_bf16_h200", "latency", {"decode_step_ms": 2.0}, run_id="a"),
             gpu_result("kv_latency_fp8_h200", "latency", {"decode_step_ms": 2.5}, run_id="b"),
+            gpu_result("peer_minisgl_offline_h200", "offline", {"output_tok_per_s": 1200.0}, run_id="a",
+                       stage="mini-sglang"),
+            gpu_result("peer_minisgl_latency_h200", "latency", {"decode_step_ms": 1.7}, run_id="c",
+                       stage="mini-sglang"),
             gpu_result("kv_fp8_decode_kernel_issue32_h200", "kv-decode-kernel", {
                 f"us_b{b}_c{c}_{k}": 100.0 + i for b, c in results_kv_fp8.SHAPES
                 for i, (k, _) in enumerate(results_kv_fp8.KERNELS)}, label="issue 32"),
         )
     ]  # fmt: skip
     text = results_kv_fp8.render(results)
-    assert "| H200 | offline (Nano-vLLM's 256 requests), output tok/s | 1,000 | 1,500 | 1.50x |" in text
+    # Mini-SGLang's figure beside them only when it was measured in the bf16 run's call.
+    assert (
+        "| H200 | offline (Nano-vLLM's 256 requests), output tok/s | 1,000 | 1,500 | 1.50x | 1,200 |" in text
+    )
+    assert "| 1.50x | 1,200 | FP8: 0 preemptions |" in text
     # Lower is better for a step time, and two device calls are said to be two.
-    assert "| 2 | 2.50 | 0.80x (not one call) | - |" in text
-    assert "| 1.50x | FP8: 0 preemptions |" in text
+    assert "| 2 | 2.50 | 0.80x (not one call) | - | - |" in text
     assert "| issue 32, H200 | 64, 16,384 | 100 µs | 101 µs | 102 µs | 103 µs |" in text
     assert "No accuracy results yet" in text and "No capacity results yet" in text
     assert "`kv_fp8_decode_kernel_issue32_h200` (2026-01-01T00:00:00Z)" in text
