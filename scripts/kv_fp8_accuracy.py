@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = not args.no_progress
     reference = engine(folder, args, "auto")
     model_dtype = str(reference.dtype).removeprefix("torch.")
+    attn = reference.core.info().attn  # what `auto` resolved to
     if args.kv_cache_dtype == "bf16" and reference.dtype == torch.bfloat16:
         raise SystemExit(
             "--kv-cache-dtype bf16 of a bf16 model is its own cache: use a float32 model (--dtype)"
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": model_dtype,
             "kv_cache_dtype": args.kv_cache_dtype,
             "scales": used,
-            "attn": args.attn,
+            "attn": attn,
             "device": tag,
             "prompts": args.prompts,
             "tokens": args.tokens,

@@ -45,8 +45,10 @@ GPU_STEP = code("bash scripts/gpu_run.sh ckpt kv-fp8")
 KV_NAMES = {"fp8_e4m3": "FP8", "bf16": "bf16 (yardstick)"}
 
 
-def table(header: list[str], rows: list[list[str]], align: str = "---:") -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "| " + " | ".join(["---"] + [align] * (len(header) - 1)) + " |"]
+def table(header: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
+    """A markdown table: the first `text_columns` columns (names) to the left, numbers to the right."""
+    align = ["---"] * text_columns + ["---:"] * (len(header) - text_columns)
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
     return out + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
 
 
@@ -85,7 +87,7 @@ def accuracy(results: list[Result]) -> list[str]:
     header = ["Device", "Model", "Model dtype", "KV cache", "Scales", "Attention", "Prompts x tokens",
               "All tokens agree", "Tokens before the first difference", "Mean abs Δ logprob",
               "p99 abs Δ logprob", "Max abs Δ logprob"]  # fmt: skip
-    return [*table(header, body), "", *provenance(rows)]
+    return [*table(header, body, text_columns=7), "", *provenance(rows)]
 
 
 def capacity(results: list[Result]) -> list[str]:
@@ -102,7 +104,7 @@ def capacity(results: list[Result]) -> list[str]:
     context = format_metric(rows[0].config.get("context", 8192))
     header = ["Device", "KV cache", "--memory-ratio", "Tokens in the pool", "Pool (GiB)", "Bytes per token",
               f"Largest batch at {context} tokens (requests that fit)"]  # fmt: skip
-    return [*table(header, body), "", *provenance(rows)]
+    return [*table(header, body, text_columns=2), "", *provenance(rows)]
 
 
 def kernel(results: list[Result]) -> list[str]:
@@ -118,7 +120,7 @@ def kernel(results: list[Result]) -> list[str]:
                 times = [f"{r.metrics[k]:,.0f} µs" for k in keys]
                 body.append([f"{label}, {device_of(r)}", f"{batch}, {context:,}", *times])
     header = ["Measured by", "Batch, context", *(title for _, title in KERNELS)]
-    return [*table(header, body), "", *provenance(rows)]
+    return [*table(header, body, text_columns=2), "", *provenance(rows)]
 
 
 def speed_pairs(results: list[Result]) -> dict[tuple[str, str], dict[str, Result]]:
@@ -176,7 +178,7 @@ def speed(results: list[Result]) -> list[str]:
         return [f"No serving results yet: {GPU_STEP} (its kv-fp8-speed part).", ""]
     header = ["Device", "Workload", "bf16 cache", "FP8 cache", "FP8's gain", "Mini-SGLang, bf16, same call",
               "KV cache and preemptions"]  # fmt: skip
-    return [*table(header, body), "", *provenance(used)]
+    return [*table(header, body, text_columns=2), "", *provenance(used)]
 
 
 SECTIONS: dict[str, Callable[[list[Result]], list[str]]] = {
