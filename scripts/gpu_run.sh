@@ -71,6 +71,20 @@
 #   host-step     the host's CPU time per decode step of final/, by phase, at batch 64 and 256 on this
 #                 host's CPU (scripts/bench_host_step.py: the GPU's parts stood in; the GPU is idle),
 #                 table in the log, JSON in logs/host_step.json: does the host set the pace?
+#   kv-fp8        the FP8 KV cache (issue 32), its four parts below, about 8 minutes on an H200 whose
+#                 FlashInfer cache (.fiws-cache) has the bf16 kernels; needs ckpt, and the model kit
+#                 for the default model. Results kv_*_<gpu>.json, rendered on docs/serving/kv_fp8.md
+#   test-kv-fp8   the FP8 KV cache's GPU tests (FlashInfer and XQA over FP8, graphs, capacity), about
+#                 3 minutes with FlashInfer's FP8 kernels to compile
+#   kv-fp8-accuracy  greedy agreement and |d logprob| of FP8 against bf16, 200 prompts x 64 tokens, on
+#                 the default model and the Qwen3-0.6B shape, fi (scripts/kv_fp8_accuracy.py)
+#   kv-fp8-capacity  tokens in the pool and 8k-context requests that fit, bf16 and FP8, --memory-ratio
+#                 0.9 (scripts/kv_fp8_capacity.py)
+#   kv-fp8-kernel FlashInfer's decode layer-call at issue 32's shapes, bf16/FP8 x CUDA/tensor cores
+#                 (scripts/bench_kv_fp8_decode.py): its table re-measured
+#   kv-fp8-speed  bf16 against FP8 (fi, page 16): offline, batch-1 decode, long-context (64 prompts of
+#                 4k-16k) at --memory-ratio 0.9 and at KV_FP8_SMALL_RATIO (default 0.32 on an H200,
+#                 0.53 on an H100: about 40 GB of KV, where bf16 holds half the requests, FP8 all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The second entry: the CuTe DSL's `cutlass` (see scripts/device_kit.sh), which FlashAttention 4 imports.
@@ -283,6 +297,40 @@ run_step() {
         --gpu $gpu --repeats "${VERSUS_REPEATS:-3}" ${VERSUS_BASE:+--base "$VERSUS_BASE"}
       ;;
     host-step) $py scripts/bench_host_step.py --steps 200 --json "$out/logs/host_step.json" ;;
+    test-kv-fp8) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kv_fp8.py ;;
+    kv-fp8)
+      local part rc=0
+      for part in kv-fp8-accuracy kv-fp8-capacity kv-fp8-kernel kv-fp8-speed; do
+        echo "--- $part $(date +%T)"
+        run_step $part || rc=$?
+        mkdir -p "$out/partial/$results" && cp $results/kv_*_$gpu*.json "$out/partial/$results/" 2>/dev/null
+      done
+      return $rc
+      ;;
+    kv-fp8-accuracy)
+      local rc=0
+      $py scripts/kv_fp8_accuracy.py --device cuda --attn fi --model $ckpt --model-tag qwen306b --out $results --no-progress || rc=$?
+      $py scripts/kv_fp8_accuracy.py --device cuda --attn fi --model-tag smollm2 --out $results --no-progress || rc=$?
+      return $rc
+      ;;
+    kv-fp8-capacity)
+      $py scripts/kv_fp8_capacity.py --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 \
+        --memory-ratio 0.9 --device-tag $gpu --out $results
+      ;;
+    kv-fp8-kernel) $py scripts/bench_kv_fp8_decode.py --out $results/kv_fp8_decode_kernel_$gpu.json ;;
+    kv-fp8-speed)
+      local kv tag small=${KV_FP8_SMALL_RATIO:-$([ "$gpu" = h100 ] && echo 0.53 || echo 0.32)}
+      for kv in bf16 fp8_e4m3; do
+        tag=${kv%%_*}
+        local args=(--engine-arg attn=fi --engine-arg page_size=16 --engine-arg kv_cache_dtype=$kv)
+        bench --engine final --workload offline "${args[@]}" --name kv_offline_${tag}_$gpu
+        bench --engine final --workload latency "${args[@]}" --engine-arg cuda_graph_max_bs=8 --name kv_latency_${tag}_$gpu
+        bench --engine final --workload long-context "${args[@]}" --engine-arg cuda_graph_max_bs=64 \
+          --name kv_long_context_${tag}_$gpu
+        bench --engine final --workload long-context "${args[@]}" --engine-arg cuda_graph_max_bs=64 \
+          --engine-arg memory_ratio=$small --name kv_long_context_small_${tag}_$gpu
+      done
+      ;;
     *) echo "unknown step $1"; return 2 ;;
   esac
 }

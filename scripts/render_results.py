@@ -34,6 +34,7 @@ from scripts import (  # noqa: E402
     generated,
     results_attention,
     results_kernels,
+    results_kv_fp8,
     results_ladder,
     results_online,
     results_plots,
@@ -82,6 +83,8 @@ LADDER_PLOT = PLOTS_DIR / "ladder.png"
 # The attention page's own table and plot (docs/serving/attention.md; scripts/results_attention.py).
 ATTENTION = GENERATED_DIR / "attention_backends.md"
 ATTENTION_PLOT = PLOTS_DIR / "attention_backends.png"
+# The FP8 KV cache's page (docs/serving/kv_fp8.md; scripts/results_kv_fp8.py).
+KV_FP8 = GENERATED_DIR / "kv_fp8.md"
 
 
 def default_groups(root: Path) -> list[str]:
@@ -242,6 +245,7 @@ def render_markdown(root: Path = ROOT) -> dict[Path, str]:
     pages[PERFORMANCE_ONLINE] = results_online.render(results, f"../assets/plots/{ONLINE_PLOT.name}")
     if (Path(root) / "final").is_dir():
         pages[ATTENTION] = results_attention.render(results, f"../assets/plots/{ATTENTION_PLOT.name}")
+        pages[KV_FP8] = results_kv_fp8.render(results)
     return pages
 
 

@@ -76,6 +76,7 @@ def candidates(results: list[Result]) -> list[Result]:
         if r.workload == WORKLOAD
         and device_of(r) != "CPU"
         and float(r.config.get("scale", 0)) == 1.0
+        and r.config.get("kv_cache_dtype", "auto") in ("auto", "bf16")  # one precision on the ladder
         and engine_key(r.stage) is not None
     ]
 

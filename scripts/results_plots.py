@@ -34,6 +34,11 @@ PLOT_METRICS: dict[str, tuple[str, ...]] = {
     "online": ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50"),
     "decode-profile": ("step_ms", "gpu_busy_ms_per_step"),
     "tp-collectives": ("step_ms", "collective_ms_per_step"),
+    "long-context": ("output_tok_per_s",),
+    # The FP8 KV cache's (scripts/results_kv_fp8.py has their tables).
+    "kv-fp8-accuracy": ("abs_dlogprob_mean", "abs_dlogprob_p99"),
+    "kv-capacity": ("kv_tokens",),
+    "kv-decode-kernel": tuple(f"us_b64_c16384_{k}" for k in ("bf16", "bf16_tc", "fp8", "fp8_tc")),
 }
 # Workloads that get a table but no panel: `startup` times `--help`, which says nothing next to a
 # chapter's measurement and took a third of its figure.

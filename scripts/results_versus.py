@@ -111,10 +111,12 @@ ONLINE_MEASURES = tuple(
 
 
 def as_served(result: Result) -> bool:
-    """The engine as it serves: full scale, graphs and overlap not switched off, one GPU."""
+    """The engine as it serves: full scale, graphs and overlap not switched off, one GPU, a KV cache
+    of the model's precision (an FP8 cache is another precision than Mini-SGLang's: issue 32)."""
     config = result.config
     return (
         float(config.get("scale", 1.0)) == 1.0
+        and config.get("kv_cache_dtype", "auto") in ("auto", "bf16")
         and config.get("cuda_graph_max_bs") != 0
         and config.get("overlap") not in ("off", False)
         and not config.get("disable_overlap")

@@ -57,6 +57,15 @@ def test_scale_shrinks_counts_and_lengths_and_vocab_bounds_ids():
     assert all(len(it.prompt_ids) == 3 and it.arrival_s == 0 for it in long.items if it.group == 0)
 
 
+def test_long_context_is_64_prompts_of_4k_to_16k_tokens_at_once():
+    w = wl.long_context(VOCAB)
+    assert w.num_requests == 64 and all(it.arrival_s == 0 for it in w.items)
+    lengths = [len(it.prompt_ids) for it in w.items]
+    assert 4096 <= min(lengths) < 6000 and 14_000 < max(lengths) <= 16_384
+    assert all(it.params.max_tokens == 128 and it.params.greedy and it.params.ignore_eos for it in w.items)
+    assert w.longest_request <= 16_384 + 128
+
+
 def test_decode_step_is_a_batch_of_equal_requests_whose_batch_does_not_scale():
     w = wl.make_workload("decode-step", VOCAB, scale=0.25, batch=8)
     assert w.num_requests == 8 and w.settings == {"batch": 8, "prompt_len": 128, "output_len": 32}
@@ -366,3 +375,14 @@ def test_decode_profile_counts_per_step(tmp_path, tiny_qwen3_dir):
 
     two, four = ops(2), ops(4)
     assert two["aten_ops_per_step"] == four["aten_ops_per_step"] > 50
+
+
+def test_final_runs_record_their_kv_cache_and_preemptions(tmp_path, tiny_qwen3_dir):
+    """The FP8 cache's measurements (issue 32) read how many tokens final/'s pool held, and how
+    often it ran out: four requests of 120-130 tokens do not fit at once in 200."""
+    sizes = ["num_requests=4", "min_len=60", "max_len=70", "output_len=60"]
+    data = run_bench(tmp_path, tiny_qwen3_dir, "--engine", "final", "--workload", "long-context",
+                     *(f"--workload-arg={s}" for s in sizes), "--engine-arg", "num_pages=200",
+                     "--engine-arg", "kv_cache_dtype=fp8_e4m3")  # fmt: skip
+    assert data["metrics"]["kv_capacity_tokens"] == 200
+    assert data["metrics"]["preemptions"] > 0 and data["config"]["kv_cache_dtype"] == "fp8_e4m3"

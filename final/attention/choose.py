@@ -57,14 +57,17 @@ def resolve_attention(
     page_size: int | None = None,
     probe_gpu: bool = True,
     head_dim: int | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> AttentionChoice:
     """The backends and page size for `--attn spec`; `dtype` None: not known yet (not checked);
     `page_size` None: not set by the user (the kernels' preferred size is taken); `head_dim`
-    None: not known (not checked). With `probe_gpu` False (the frontend, which must not touch
-    the GPU) the compute capability is not checked, and `auto` is resolved as for an unknown GPU."""
+    None: not known (not checked); `kv_dtype`: the KV pool's, which `auto` picks backends that
+    read (None: not known, not checked). With `probe_gpu` False (the frontend, which must not
+    touch the GPU) the compute capability is not checked, and `auto` is resolved as for an
+    unknown GPU."""
     device = torch.device(device)
     capability = support.device_capability(device) if probe_gpu else None
-    setup = _Setup(device.type, capability, dtype, page_size, head_dim)
+    setup = _Setup(device.type, capability, dtype, page_size, head_dim, kv_dtype)
     names = _auto(setup) if spec == "auto" else parse_spec(spec)
     libraries = [setup.library(name, phase) for name, phase in zip(names, PHASES, strict=True)]
     chosen = _page_size(names, libraries, page_size)
@@ -91,9 +94,12 @@ class _Setup:
     dtype: torch.dtype | None
     page_size: int | None
     head_dim: int | None
+    kv_dtype: torch.dtype | None = None
 
     def library(self, name: str, phase: str) -> Library | None:
         """The library `name` runs `phase` on here, or a UserError saying why it cannot."""
+        # The cache first: a backend that cannot read it is the wrong choice on any machine.
+        support.check_kv_dtype(BACKENDS[name], phase, self.kv_dtype, self.dtype)
         library = support.pick_library(BACKENDS[name], phase, self.device_type, self.capability, self.dtype)
         if self.head_dim is not None:
             support.check_head_dim(name, library, self.head_dim, self.capability)

@@ -8,6 +8,12 @@ Under CUDA graphs each captured batch size gets its own decode wrapper in FlashI
 mode: its page list, page pointers and last-page lengths live in fixed buffers (shared by every
 size, since one graph replays at a time), and `prepare_for_replay` re-plans into them before
 each replay.
+
+An FP8 pool (--kv-cache-dtype fp8_e4m3) is planned with kv_data_type float8_e4m3fn beside the
+model's query dtype, and each layer's run gets its scales: FlashInfer folds k_scale into the
+softmax scale and multiplies the output by v_scale (FlashInfer 0.7.2, decode.py and prefill.py,
+`run`). Decode then always takes the tensor-core kernel: with an fp8 cache it measured faster
+than the CUDA-core one at every shape of issue 32 (H200, Qwen3-0.6B heads, page 16).
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class FlashInferBackend(AttentionBackend):
         self.decode_wrappers: dict[bool, object] = {}
         self.decode_wrapper = self._decode_wrapper(1)
         self.current = self.decode_wrapper  # the decode wrapper the next forward uses
+        # Each layer's run() arguments for an FP8 pool's scales (none for a pool of the model's dtype).
+        layers = [pool.layer_kv(n) for n in range(config.num_layers)]
+        self.scales = [{"k_scale": c.k_scale, "v_scale": c.v_scale} if pool.is_fp8 else {} for c in layers]
         self.last_plan: torch.cuda.Event | None = None
         self.graph_wrappers: dict[int, object] = {}
         self.graph_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -85,7 +94,7 @@ class FlashInferBackend(AttentionBackend):
             max(num_pages_list),
             graph_indices,
         )
-        c, dtype = self.config, self.pool.k.dtype
+        c, dtype, kv_dtype = self.config, self.pool.compute_dtype, self.pool.dtype
         heads, kv_heads = self.num_heads, self.pool.kv_heads
         if batch.is_prefill:
             qo_indptr = torch.tensor([0, *accumulate(batch.query_lens)], dtype=torch.int32)
@@ -100,7 +109,7 @@ class FlashInferBackend(AttentionBackend):
                 page_size,
                 causal=True,
                 q_data_type=dtype,
-                kv_data_type=dtype,
+                kv_data_type=kv_dtype,
             )
         else:
             wrapper.plan(
@@ -113,17 +122,18 @@ class FlashInferBackend(AttentionBackend):
                 page_size,
                 pos_encoding_mode="NONE",
                 q_data_type=dtype,
-                kv_data_type=dtype,
+                kv_data_type=kv_dtype,
             )
 
     def use_tensor_cores(self, batch_size: int) -> bool:
         """FlashInfer's decode on tensor cores (its prefill kernel with one query per request) or
         on CUDA cores. Tensor cores pay off once several query heads share a KV head (4 or more);
         groups that are not a power of two (SmolLM2: 3) take them too: the path the GPU tests ran
-        for that layout. Below that, from TENSOR_CORE_MIN_BATCH rows on, as measured by
-        scripts/bench_kernels.py (`decode_attn_tc` rows)."""
+        for that layout. An FP8 pool always does (issue 32's H200 table: tensor cores were faster
+        at every shape measured there). Below that, from TENSOR_CORE_MIN_BATCH rows on, as measured
+        by scripts/bench_kernels.py (`decode_attn_tc` rows)."""
         group = self.group
-        if group >= 4 or group & (group - 1) != 0:
+        if self.pool.is_fp8 or group >= 4 or group & (group - 1) != 0:
             return True
         return TENSOR_CORE_MIN_BATCH is not None and batch_size >= TENSOR_CORE_MIN_BATCH
 
@@ -181,5 +191,5 @@ class FlashInferBackend(AttentionBackend):
     def forward(self, layer, q, k, v, batch):
         self.write_kv(layer, k, v, batch)
         wrapper = self.prefill_wrapper if batch.is_prefill else self.current
-        out = wrapper.run(q, (self.pool.k[layer], self.pool.v[layer]))
+        out = wrapper.run(q, (self.pool.k[layer], self.pool.v[layer]), **self.scales[layer])
         return out.reshape(q.shape[0], -1)

@@ -27,6 +27,7 @@ from .libraries import FLASH_ATTENTION_2, FLASH_ATTENTION_3, FLASH_ATTENTION_4, 
 from .spec import Auto, BackendSpec
 
 HALF = ("bfloat16", "float16")  # no fast backend has float32 kernels
+FP8 = "fp8_e4m3"  # the --kv-cache-dtype of an FP8 pool
 GPU_NAMES = {8: "Ampere/Ada", 9: "Hopper", 10: "Blackwell 10.x", 12: "Blackwell 12.x"}
 
 # --8<-- [start:backends]
@@ -38,6 +39,7 @@ BACKENDS: dict[str, BackendSpec] = {
             "reference, any device",
             "final.attention.torch_backend:TorchBackend",
             reference=True,
+            kv_dtypes=None,  # any cache: it converts what it gathers to the model's dtype
         ),
         BackendSpec(
             "fi",
@@ -46,6 +48,7 @@ BACKENDS: dict[str, BackendSpec] = {
             (FLASHINFER,),
             HALF,
             auto=Auto(rank=0),
+            kv_dtypes=(FP8,),  # plan(kv_data_type=float8_e4m3fn), run(k_scale=, v_scale=)
         ),
         BackendSpec(
             "fa",
@@ -55,6 +58,10 @@ BACKENDS: dict[str, BackendSpec] = {
             HALF,
             alternative="fi",
             auto=Auto(rank=2, prefill=(9, 10), decode=()),
+            # No narrower cache: FlashAttention 4 asserts that q, k and v share bf16 or fp16
+            # (flash_attn/cute/interface.py); FlashAttention 3 reads fp8 only beside an fp8 query
+            # (q/k/v_descale), FlashAttention 2 not at all.
+            kv_dtypes=(),
         ),
         BackendSpec(
             "trtllm",
@@ -64,6 +71,10 @@ BACKENDS: dict[str, BackendSpec] = {
             HALF,
             alternative="fi",
             auto=Auto(rank=1, prefill=(10,), decode=(9, 10)),
+            # Decode: XQA on Hopper reads an fp8 cache beside a bf16 query (scales through bmm1_scale
+            # and bmm2_scale). FlashInfer 0.7.2's trtllm-gen prefill has no bf16-query, fp8-KV form.
+            kv_dtypes=(FP8,),
+            prefill_kv_dtypes=(),
         ),
     )
 }
@@ -127,3 +138,15 @@ def describe_page_sizes() -> str:
 def describe_backends() -> str:
     """Every backend in a line, for --help."""
     return ", ".join(f"{spec.name} ({spec.summary})" for spec in BACKENDS.values())
+
+
+def kv_readers(kv_dtype: str) -> list[str]:
+    """The backends (per phase where it differs) that read a `kv_dtype` cache, for messages."""
+    names = []
+    for spec in BACKENDS.values():
+        prefill, decode = spec.reads_kv("prefill", kv_dtype), spec.reads_kv("decode", kv_dtype)
+        if prefill or decode:
+            names.append(
+                spec.name if prefill == decode else f"{spec.name} ({'prefill' if prefill else 'decode'})"
+            )
+    return names

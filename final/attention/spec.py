@@ -2,10 +2,10 @@
 
 A `BackendSpec` says everything about a backend that is known before it is built: its name, the
 kernel libraries it can run on (each a `Library`: the package, the GPUs per phase, the page sizes
-and head sizes its kernels take), the dtypes it computes in, where `--attn auto` may pick it, and
-where its class lives. `--help` prints from it, `auto` ranks by it, support.py checks the machine
-against it and factory.py builds the class it names. Nothing here imports torch, so `python -m
-final --help` reads it at once.
+and head sizes its kernels take), the dtypes it computes in, the KV-cache dtypes it reads, where
+`--attn auto` may pick it, and where its class lives. `--help` prints from it, `auto` ranks by it,
+support.py checks the machine against it and factory.py builds the class it names. Nothing here
+imports torch, so `python -m final --help` reads it at once.
 """
 
 from __future__ import annotations
@@ -98,3 +98,16 @@ class BackendSpec:
     alternative: str = "torch"  # what a message suggests when its library is missing
     auto: Auto | None = None  # None: `auto` never picks it
     reference: bool = False  # auto's last resort, and its only choice on the CPU or in float32
+    # The KV-cache dtypes (--kv-cache-dtype names) its kernels read besides the one they compute in;
+    # None: any (it converts what it gathers). `auto` skips a backend that cannot read the cache.
+    kv_dtypes: tuple[str, ...] | None = ()
+    prefill_kv_dtypes: tuple[str, ...] | None = None  # where prefill reads fewer (None: kv_dtypes)
+
+    def reads_kv(self, phase: str, kv_dtype: str) -> bool:
+        """Whether its `phase` kernels read a cache of `kv_dtype` (one narrower than they compute in)."""
+        known = (
+            self.prefill_kv_dtypes
+            if phase == "prefill" and self.prefill_kv_dtypes is not None
+            else self.kv_dtypes
+        )
+        return known is None or kv_dtype in known

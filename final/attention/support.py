@@ -1,8 +1,9 @@
 """What the machine offers an attention backend, checked against its descriptor (registry.py)
 before the backend is built: a CUDA GPU of the right compute capability, a dtype its kernels
-compute in, its kernel library, a page size and a head size it takes. A machine that cannot run
-one gets a single message naming the package or the GPU it lacks, never an ImportError or an
-assertion from inside a kernel.
+compute in, a KV-cache dtype they read, its kernel library, a page size and a head size it takes.
+A machine that cannot run one gets a single message naming the package or the GPU it lacks (or,
+for the cache, the backends that read it), never an ImportError or an assertion from inside a
+kernel.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import importlib.util
 
 import torch
 
+from ..core.devices import kv_dtype_name
 from ..core.errors import UserError
-from .registry import BACKENDS, reference_backend
+from .registry import BACKENDS, kv_readers, reference_backend
 from .spec import BackendSpec, Library
 
 PHASES = ("prefill", "decode")
@@ -123,3 +125,20 @@ def check_head_dim(
             f"--attn {name} on compute capability {_capability_text(capability)}: {library.name}, "
             f"head sizes {rule.words} only; this model's is {head_dim}"
         )
+
+
+def check_kv_dtype(
+    spec: BackendSpec, phase: str, kv_dtype: torch.dtype | None, dtype: torch.dtype | None
+) -> None:
+    """A UserError unless `spec`'s `phase` kernels read a KV cache of `kv_dtype` while computing in
+    `dtype`. None: not known yet (the frontend, before the model is read), not checked; a 16-bit
+    cache with the dtype unknown may be the model's own, and is checked once it is known."""
+    if kv_dtype is None or kv_dtype == dtype or (dtype is None and kv_dtype.itemsize > 1):
+        return
+    name = kv_dtype_name(kv_dtype)
+    if spec.reads_kv(phase, name):
+        return
+    raise UserError(
+        f"--attn {spec.name} cannot {phase} with --kv-cache-dtype {name}; backends that can: "
+        f"{', '.join(kv_readers(name))}"
+    )

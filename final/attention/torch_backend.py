@@ -8,6 +8,10 @@ For CUDA graphs it has a second decode path with fixed shapes: every row attends
 width of its page-table row, and a mask built on the device from the lengths hides what lies
 beyond each request's tokens. That gathers far more than it uses, so it is offered only while
 the gather fits in GRAPH_GATHER_BYTES (tiny test models, short contexts).
+
+A pool narrower than the model (--kv-cache-dtype fp8_e4m3 or bf16) is read back into the model's
+dtype as it is gathered, each layer's K and V multiplied by their scale (kvcache/pool.py): what
+the FP8 kernels do inside, here in plain torch, so FP8 runs (and is tested) on any device.
 """
 
 from __future__ import annotations
@@ -46,14 +50,13 @@ class TorchBackend(AttentionBackend):
         if self.graph_mode:
             return self._padded_decode(layer, q, batch)
         cache = self.pool.layer_kv(layer)
-        k_pool, v_pool = cache.k, cache.v  # [slots, kv_heads, head_dim]
         out = torch.empty_like(q)
         for i, slots in enumerate(self.kv_slots):
             start, end = self.starts[i], self.starts[i + 1]
             out[start:end] = F.scaled_dot_product_attention(
                 q[start:end].transpose(0, 1),
-                k_pool[slots].transpose(0, 1),
-                v_pool[slots].transpose(0, 1),
+                gather(cache.k, slots, cache.k_scale, q.dtype).transpose(0, 1),
+                gather(cache.v, slots, cache.v_scale, q.dtype).transpose(0, 1),
                 attn_mask=self.masks[i],
                 scale=self.scale,
                 enable_gqa=True,
@@ -64,7 +67,8 @@ class TorchBackend(AttentionBackend):
 
     def graph_unsupported_reason(self, max_batch: int) -> str | None:
         width = self.page_table.table.shape[1] * self.pool.page_size
-        per_row = 2 * width * self.pool.kv_heads * self.config.head_dim * self.pool.k.dtype.itemsize
+        # Gathered into the model's dtype: an fp8 pool's pages take the model's width once read.
+        per_row = 2 * width * self.pool.kv_heads * self.config.head_dim * self.pool.compute_dtype.itemsize
         if max_batch * per_row > GRAPH_GATHER_BYTES:
             return (
                 f"the torch backend's capturable decode would gather {max_batch * per_row >> 20} MiB per "
@@ -86,8 +90,8 @@ class TorchBackend(AttentionBackend):
         offsets = torch.arange(page_size, device=q.device)
         slots = (pages.unsqueeze(-1) * page_size + offsets).reshape(rows, -1)  # [B, L]
         cache = self.pool.layer_kv(layer)
-        keys = cache.k[slots].transpose(1, 2)  # [B, kv_heads, L, head_dim]
-        values = cache.v[slots].transpose(1, 2)
+        keys = gather(cache.k, slots, cache.k_scale, q.dtype).transpose(1, 2)  # [B, kv_heads, L, head_dim]
+        values = gather(cache.v, slots, cache.v_scale, q.dtype).transpose(1, 2)
         visible = torch.arange(slots.shape[1], device=q.device) < batch.seq_lens_t.unsqueeze(1)  # [B, L]
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),
@@ -98,3 +102,16 @@ class TorchBackend(AttentionBackend):
             enable_gqa=True,
         )
         return out.reshape(rows, -1)
+
+
+def gather(cache: torch.Tensor, slots: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `slots` of one layer's K or V [slots, kv_heads, head_dim], in `dtype`, times `scale`
+    (the pool stores x / scale)."""
+    if cache.dtype == dtype:
+        return cache[slots]
+    if cache.dtype.itemsize == 1:  # fp8: gathered through its bytes (not every build indexes fp8)
+        rows = cache.view(torch.uint8)[slots].view(cache.dtype)
+    else:
+        rows = cache[slots]
+    rows = rows.to(dtype)
+    return rows if scale == 1.0 else rows * scale

@@ -11,6 +11,11 @@ exists only as trtllm-gen kernels, so only on 10.x (support.py refuses it elsewh
 
 Both want pages of 16, 32 or 64 tokens, a workspace zeroed before its first use (XQA's
 semaphores), and `bmm1_scale`: the softmax scale applied to Q·K.
+
+An FP8 pool's scales enter there too: K's scale into `bmm1_scale`, V's as `bmm2_scale` (the
+output's). XQA reads an fp8 cache beside a bf16 query; the trtllm-gen prefill kernels of
+FlashInfer 0.7.2 have no such form, so the descriptor (registry.py) lets this backend decode
+over an fp8 cache only.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class TrtllmBackend(PagedBackend):
     def forward(self, layer, q, k, v, batch):
         self.write_kv(layer, k, v, batch)
         kv_cache = (self.pool.k[layer], self.pool.v[layer])  # [pages, page_size, kv_heads, head_dim]
+        scales = self.pool.layer_kv(layer)  # 1.0 each unless the pool is fp8
+        bmm1_scale, bmm2_scale = self.scale * scales.k_scale, scales.v_scale
         m = self.metadata
         q = q.contiguous()  # the model's q is a strided view of the fused qkv projection
         if batch.is_prefill:
@@ -54,8 +61,8 @@ class TrtllmBackend(PagedBackend):
                 seq_lens=m.seq_lens,
                 max_q_len=m.max_seqlen_q,
                 max_kv_len=m.max_seqlen_k,
-                bmm1_scale=self.scale,
-                bmm2_scale=1.0,
+                bmm1_scale=bmm1_scale,
+                bmm2_scale=bmm2_scale,
                 batch_size=batch.size,
                 cum_seq_lens_q=m.cu_seqlens_q,
                 cum_seq_lens_kv=m.cu_seqlens_k,
@@ -69,8 +76,8 @@ class TrtllmBackend(PagedBackend):
                 block_tables=m.block_table,
                 seq_lens=m.seq_lens,
                 max_seq_len=m.max_seqlen_k,
-                bmm1_scale=self.scale,
-                bmm2_scale=1.0,
+                bmm1_scale=bmm1_scale,
+                bmm2_scale=bmm2_scale,
                 kv_layout="NHD",
             )
         return out.reshape(q.shape[0], -1)

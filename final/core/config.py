@@ -45,6 +45,7 @@ OVERLAP_MODES = ("auto", "on", "off")
 # prompt in one step held every stream for 33 s): small chunks keep their tokens coming.
 GPU_PREFILL_BUDGET = 16384
 CPU_PREFILL_BUDGET = 256
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")  # core/devices.py maps them to torch dtypes
 
 
 @dataclass
@@ -136,6 +137,14 @@ class EngineConfig:
             Preset("--enable-prefix-caching", "radix", "the same as --cache radix (vLLM)", negated="naive"),
             Preset("--disable-radix-cache", "naive", "the same as --cache naive (SGLang)"),
         ),
+    )
+    kv_cache_dtype: str = option(
+        "auto",
+        "what the KV cache stores: auto: the model's dtype; bf16; fp8_e4m3: FP8 (E4M3) with one "
+        "scale per layer for K and one for V (the checkpoint's k_scale/v_scale, else 1.0), twice the "
+        "tokens in the same memory; the start-up log says the dtype and the tokens",
+        group=ENGINE,
+        choices=KV_CACHE_DTYPES,
     )
     cuda_graph_max_bs: int | None = option(
         None,
@@ -242,6 +251,10 @@ class EngineConfig:
                 "--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, reachable from every node)",
             ),
             (self.dist_timeout > 0, f"--dist-timeout must be > 0, got {self.dist_timeout}"),
+            (
+                self.kv_cache_dtype in KV_CACHE_DTYPES,
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
+            ),
             (
                 self.overlap in OVERLAP_MODES,
                 f"--overlap must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}",

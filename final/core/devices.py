@@ -64,3 +64,22 @@ def set_cpu_threads(requested: int | None = None, ranks: int = 1) -> str:
     torch.set_num_threads(threads)
     why = "--threads" if requested is not None else f"{usable_cpus()} usable CPUs, one left free"
     return f"CPU: {threads} PyTorch thread{'s' if threads > 1 else ''}{per} ({why}; --threads N to change)"
+
+
+# --kv-cache-dtype's names (core/config.py's KV_CACHE_DTYPES, but `auto`: the model's dtype).
+KV_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+def pick_kv_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The KV pool's dtype for `--kv-cache-dtype name` when the model computes in `dtype`."""
+    if name == "auto":
+        return dtype
+    if name not in KV_TORCH_DTYPES:
+        raise UserError(f"unknown --kv-cache-dtype {name!r}; use auto, {', '.join(KV_TORCH_DTYPES)}")
+    return KV_TORCH_DTYPES[name]
+
+
+def kv_dtype_name(kv_dtype: torch.dtype) -> str:
+    """The --kv-cache-dtype name of a pool dtype (`bf16`, `fp8_e4m3`), or torch's name of it."""
+    names = {dtype: name for name, dtype in KV_TORCH_DTYPES.items()}
+    return names.get(kv_dtype, str(kv_dtype).removeprefix("torch."))

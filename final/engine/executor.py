@@ -20,6 +20,7 @@ import logging
 
 import torch
 
+from ..core.devices import kv_dtype_name
 from ..core.errors import UserError
 from ..core.forward_batch import StepInput
 from ..distributed.step_channel import StepChannel
@@ -75,10 +76,12 @@ class Executor:
                 reserve >> 20,
             )
         say(
-            "KV cache: %d tokens in %d pages (page size %d); attention: %s",
+            "KV cache: %d tokens in %d pages (page size %d) of %s%s; attention: %s",
             num_pages * runner.page_size,
             num_pages,
             runner.page_size,
+            kv_dtype_name(runner.kv_dtype),
+            _scales_note(runner),
             runner.backend.name,
         )
         # Only rank 0 samples; the others keep an (unused) sampler so that every rank is alike.
@@ -153,3 +156,10 @@ class Executor:
         """Drop the CUDA graphs (before the process groups go: a graph holds NCCL's work)."""
         self.graphs = None
         gc.collect()
+
+
+def _scales_note(runner: ModelRunner) -> str:
+    """Where an FP8 pool's scales came from, for the start-up log."""
+    if not runner.pool.is_fp8:
+        return ""
+    return " (the checkpoint's k_scale/v_scale)" if runner.kv_scales else " (scales 1.0)"

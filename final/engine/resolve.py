@@ -18,7 +18,7 @@ import torch
 
 from ..attention.choose import AttentionChoice, resolve_attention
 from ..core.config import CPU_PREFILL_BUDGET, GPU_PREFILL_BUDGET, EngineConfig
-from ..core.devices import DTYPES, pick_device, pick_dtype
+from ..core.devices import DTYPES, pick_device, pick_dtype, pick_kv_dtype
 from ..core.errors import UserError
 from ..core.model_config import ModelConfig
 from ..distributed.group import parse_address
@@ -40,6 +40,7 @@ class ResolvedConfig:
     model: ModelConfig
     device: torch.device  # rank 0's; rank i of a node runs on cuda:i
     dtype: torch.dtype
+    kv_dtype: torch.dtype  # what the KV pool stores (kvcache/pool.py: fp8 with per-layer scales)
     attention: AttentionChoice  # the backend (and kernel library) of each phase
     page_size: int  # tokens per KV page: the user's, or what the attention kernels take
     num_pages: int | None  # None: what memory leaves (measured once the weights are loaded)
@@ -69,8 +70,11 @@ def resolve_config(config: EngineConfig, model_dir: Path | None = None) -> Resol
     model = read_model_config(folder, config.max_seq_len_override)
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, model.dtype, device)
+    kv_dtype = pick_kv_dtype(config.kv_cache_dtype, dtype)
     # Fail on a bad --attn, --cache, --chunk-policy or --tp before spending time on the weights.
-    attention = resolve_attention(config.attn, device, dtype, config.page_size, head_dim=model.head_dim)
+    attention = resolve_attention(
+        config.attn, device, dtype, config.page_size, head_dim=model.head_dim, kv_dtype=kv_dtype
+    )
     create_prefix_cache(config.cache, attention.page_size)
     create_policy(config.chunk_policy)
     check_tp(config, device)
@@ -84,6 +88,7 @@ def resolve_config(config: EngineConfig, model_dir: Path | None = None) -> Resol
         model=model,
         device=device,
         dtype=dtype,
+        kv_dtype=kv_dtype,
         attention=attention,
         page_size=attention.page_size,
         num_pages=config.num_pages,
@@ -149,9 +154,13 @@ def validate_early(config: EngineConfig) -> None:
     config.validate()
     device = pick_device(config.device)
     dtype = DTYPES.get(config.dtype)  # None for auto, which is never float32 on CUDA
+    # The KV cache's dtype, where it is known without the model (auto's is the model's dtype).
+    kv_dtype = None
+    if dtype is not None or config.kv_cache_dtype != "auto":
+        kv_dtype = pick_kv_dtype(config.kv_cache_dtype, dtype or torch.bfloat16)
     # Not probing the GPU: the frontend process must not create a CUDA context. The engine process
     # checks the compute capability.
-    resolve_attention(config.attn, device, dtype, config.page_size, probe_gpu=False)
+    resolve_attention(config.attn, device, dtype, config.page_size, probe_gpu=False, kv_dtype=kv_dtype)
     create_prefix_cache(config.cache, config.page_size or 1)
     create_policy(config.chunk_policy)
     check_tp(config, device)

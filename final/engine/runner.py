@@ -21,6 +21,7 @@ from ..distributed.tp import TPInfo
 from ..kernels import step_metadata
 from ..kvcache.page_table import PageTable
 from ..kvcache.pool import KVPool
+from ..models.kv_scales import read_kv_scales
 from ..models.loader import load_model
 from .resolve import ResolvedConfig
 
@@ -59,12 +60,25 @@ class ModelRunner:
         self.tp.barrier()
         self.kv_heads = self.tp.local_kv_heads(config.num_kv_heads)
         self.num_pages = 0
+        # An FP8 pool's per-layer scales: the checkpoint's, else None (1.0; kvcache/pool.py says why).
+        self.kv_dtype = resolved.kv_dtype
+        fp8 = self.kv_dtype == torch.float8_e4m3fn
+        self.kv_scales = read_kv_scales(resolved.model_dir, config.num_layers) if fp8 else None
 
     def build(self, num_pages: int) -> None:
         """The KV pool, the page table, the token table, the step buffers and the attention backend."""
         resolved, config, device = self.resolved, self.config, self.device
         self.num_pages = num_pages
-        self.pool = KVPool(config, num_pages, self.page_size, device, self.dtype, self.kv_heads)
+        self.pool = KVPool(
+            config,
+            num_pages,
+            self.page_size,
+            device,
+            self.kv_dtype,
+            self.kv_heads,
+            self.dtype,
+            self.kv_scales,
+        )
         max_running = resolved.max_running_requests
         pages_per_request = -(-config.max_context // self.page_size)
         self.page_table = PageTable(max_running, pages_per_request, device, self.pool.padding_page)
@@ -82,7 +96,7 @@ class ModelRunner:
         gc.collect()  # the graphs and the backend refer to each other
 
     def page_bytes(self) -> int:
-        return KVPool.bytes_per_page(self.config, self.page_size, self.dtype, self.kv_heads)
+        return KVPool.bytes_per_page(self.config, self.page_size, self.kv_dtype, self.kv_heads)
 
     def pages_that_fit(self, memory_ratio: float, reserve: int) -> int:
         if self.device.type != "cuda":

@@ -25,11 +25,15 @@ from . import next_power_of_2, use_triton
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 
 
+# --8<-- [start:quantize]
 def quantize(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
     """x as the pool stores it: divided by `scale` and saturated for fp8, cast otherwise."""
     if dtype == torch.float8_e4m3fn:
         return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(dtype)
     return x.to(dtype)
+
+
+# --8<-- [end:quantize]
 
 
 def torch_store_kv(

@@ -32,7 +32,7 @@ class SafetensorsTensor:
 
     def read(self, dim: int | None = None, start: int = 0, length: int | None = None) -> torch.Tensor:
         if dim is None:
-            return self._slice[:]
+            return self._slice[:] if self.shape else self._slice[()]  # () for a scalar (a KV scale)
         index = [slice(None)] * len(self.shape)
         index[dim] = slice(start, start + (length if length is not None else self.shape[dim] - start))
         return self._slice[tuple(index)]

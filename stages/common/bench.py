@@ -55,6 +55,7 @@ WORKLOAD_NAMES = (
     "shared-prefix",
     "no-sharing",
     "long-prompt",
+    "long-context",
     "online",
 )
 HF_ENGINE = "hf"
@@ -351,10 +352,22 @@ def run_engine(args: argparse.Namespace) -> dict[str, Any]:
     if llm.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(llm.device)
     records, total_s = drive(engine, workload, progress=not args.no_progress)
-    metrics = workload_metrics(workload, records, total_s)
+    metrics = workload_metrics(workload, records, total_s) | kv_cache_facts(llm)
     if llm.device.type == "cuda":
         metrics["peak_memory_gb"] = torch.cuda.max_memory_allocated(llm.device) / 1e9
     return {"metrics": metrics, "device": llm.device.type, "dtype": str(llm.dtype).removeprefix("torch.")}
+
+
+def kv_cache_facts(llm: Any) -> dict[str, float]:
+    """What final/'s engine says of its KV cache: the tokens it holds and the preemptions the run
+    needed (what an FP8 cache changes, issue 32). The stages report none of it here."""
+    core = getattr(llm, "core", None)
+    if core is None or not hasattr(core, "info") or not hasattr(core, "scheduler"):
+        return {}
+    return {
+        "kv_capacity_tokens": core.info().kv_capacity,
+        "preemptions": getattr(core.scheduler, "num_preemptions", 0),
+    }
 
 
 def run_hf(args: argparse.Namespace) -> dict[str, Any]:

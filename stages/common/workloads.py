@@ -16,6 +16,8 @@ Every generator is deterministic for a `seed` and takes the same three knobs:
     shared-prefix  groups sharing a long system prompt, and multi-turn chat sessions
     no-sharing     shared-prefix's sizes with nothing shared: what a prefix cache costs when it never hits
     long-prompt    a few 16k-32k prompts arriving while many short requests decode
+    long-context   64 prompts of 4k-16k tokens at t=0, decoding together: the KV cache's size and
+                   attention's reads over it set the pace (the FP8 KV cache's workload)
     online         offline-like requests arriving as a Poisson process (the bench harness serves it
                    in-process at --workload-arg rate=R, default 16 per second; scripts/bench_online.py
                    sends it to a server)
@@ -314,6 +316,25 @@ def long_prompt(
     return Workload("long-prompt", items, seed, scale, settings)
 
 
+def long_context(
+    vocab_size: int, seed: int = 0, scale: float = 1.0, *, num_requests: int = 64, min_len: int = 4096,
+    max_len: int = 16_384, output_len: int = 128,
+) -> Workload:  # fmt: skip
+    """`num_requests` prompts of `min_len` to `max_len` tokens (uniform), all at t=0, each asking for
+    `output_len` greedy tokens. About 660k tokens of KV at full scale: on a small pool not all of
+    them fit at once (preemptions), and a decode step reads every request's whole context, so the
+    KV cache's dtype shows twice, in how many decode together and in how long a step takes."""
+    _check(vocab_size, scale)
+    rng = random.Random(seed)
+    lo = scaled(min_len, scale)
+    hi = max(lo, scaled(max_len, scale))
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=scaled(output_len, scale))
+    n = scaled(num_requests, scale)
+    items = [WorkItem(0.0, _random_ids(rng, rng.randint(lo, hi), vocab_size), params) for _ in range(n)]
+    settings = {"num_requests": n, "min_len": lo, "max_len": hi, "output_len": params.max_tokens}
+    return Workload("long-context", items, seed, scale, settings)
+
+
 def online(
     rate: float, vocab_size: int, seed: int = 0, scale: float = 1.0, *, num_requests: int = 256,
     min_len: int = 100, max_len: int = 1024, temperature: float = 0.6,
@@ -361,6 +382,7 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
     "shared-prefix": shared_prefix,
     "no-sharing": no_sharing,
     "long-prompt": long_prompt,
+    "long-context": long_context,
     "online": online_in_process,
 }
 
