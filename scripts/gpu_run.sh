@@ -55,7 +55,7 @@
 #                 with final/'s per-token engine timestamps (the engine/frontend split, burst shares);
 #                 about 2 minutes a server on an H200 with the FlashInfer cache carried (80 s of
 #                 requests: 256 at 8/s alone take 32 s), 7 minutes with `ckpt`: under the 10-minute
-#                 limit; each server's results are copied to $OUT/partial as soon as they exist
+#                 limit; each server's results are packed into $OUT/partial-online.tar as soon as they exist
 #   bench-stage01 stage 01's batch-1 decode and HF transformers' generate on it (3 repeats each)
 #   bench-stage02 stage 02 (fi): batch-1 decode, the offline workload, and at scale 0.25 fi against torch
 #   bench-stage03 stage 03 (fi, page 16): shared-prefix and no-sharing workloads, radix against naive
@@ -124,6 +124,11 @@ bench_tp_grid() {
   done
 }
 
+# A call cut off at its time limit never reaches the results.tar at the end: steps that write many
+# results re-pack what they have so far into one file under $OUT after each part (the device tool
+# brings back at most 8 files, none deeper than two folders).
+keep_partial() { tar -cf "$out/partial-$1.tar" "$results" 2>/dev/null || true; }
+
 run_step() {
   case $1 in
     env)
@@ -134,7 +139,7 @@ run_step() {
       ;;
     ckpt) [ -f $ckpt/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-0.6b --out $ckpt ;;
     ckpt-8b) [ -f $ckpt8/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-8b --out $ckpt8 ;;
-    test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py tests/test_final_gpu.py -k "not server and not bench_online" ;;
+    test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py tests/test_final_gpu.py tests/test_final_penalties.py -k "not server and not bench_online" ;;
     test-all) OUT=$out bash scripts/run_gpu_tests.sh ;;
     kernels) $py scripts/bench_kernels.py --out $results/kernels_$gpu.json ;;
     test-kernels) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py ;;
@@ -175,7 +180,7 @@ run_step() {
         bench --engine final --workload prefill --workload-arg lengths=512,2048,8192 --workload-arg per_length=5 \
           "${attn[@]}" --name attn_prefill_${tag}_$gpu
         # What $OUT holds comes back even from a call cut off at its time limit: keep each pair's.
-        mkdir -p "$out/partial/$results" && cp $results/attn_*_${tag}_$gpu.json "$out/partial/$results/" 2>/dev/null
+        keep_partial attn
       done
       $py scripts/results_attention.py $results
       ;;
@@ -235,7 +240,7 @@ run_step() {
         shift 2
         $py scripts/bench_server_online.py --engine "$engine" --model $ckpt --out-dir $results --name "$name" \
           --rates "$rates" --num-requests "$n" "$@" || status=1
-        mkdir -p "$out/partial/$results" && cp $results/${name}_rate*.json "$out/partial/$results/" 2>/dev/null
+        keep_partial online
         return 0
       }
       online final_online_$gpu final --port 19190
@@ -303,7 +308,7 @@ run_step() {
       for part in kv-fp8-accuracy kv-fp8-capacity kv-fp8-kernel kv-fp8-speed; do
         echo "--- $part $(date +%T)"
         run_step $part || rc=$?
-        mkdir -p "$out/partial/$results" && cp $results/kv_*_$gpu*.json "$out/partial/$results/" 2>/dev/null
+        keep_partial kv-fp8
       done
       return $rc
       ;;
