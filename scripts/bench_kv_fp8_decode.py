@@ -24,8 +24,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # first: scripts/stages.py would shadow the stages package
 
 from stages.common.bench import stamp_run_id  # noqa: E402
 from stages.common.hardware import describe, versions  # noqa: E402

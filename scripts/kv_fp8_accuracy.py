@@ -51,8 +51,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # first: scripts/stages.py would shadow the stages package
 
 import final  # noqa: E402
 from final.core.sampling_params import SamplingParams  # noqa: E402

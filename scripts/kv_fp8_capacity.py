@@ -30,8 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # first: scripts/stages.py would shadow the stages package
 
 DTYPES = ("auto", "fp8_e4m3")
 

@@ -187,8 +187,10 @@ def test_a_server_that_exits_early_is_reported_with_its_log(tmp_path, capsys):
     assert "CUDA error: no device" in err and "exited with code 3" in err
 
 
-def online_result(stage: str, name: str, rate: str, run_id: str, ttft_p50: float, **config: object) -> Result:
-    metrics = {"ttft_ms_p50": ttft_p50, "ttft_ms_p99": 4 * ttft_p50, "itl_ms_p50": 2.0, "itl_ms_p99": 9.0}
+def online_result(stage: str, name: str, rate: str, run_id: str, ttft_p50: float, tok_s: float = 1000.0,
+                  bursts: float = 0.01, **config: object) -> Result:  # fmt: skip
+    metrics = {"ttft_ms_p50": ttft_p50, "ttft_ms_p99": 4 * ttft_p50, "itl_ms_p50": 2.0, "itl_ms_p99": 9.0,
+               "output_tok_per_s": tok_s, "burst_share_half_step": bursts}  # fmt: skip
     return parse_result(
         {"name": f"{name}_rate{rate}", "stage": stage, "workload": "online", "metrics": metrics,
          "config": {"rate": rate, "scale": 1.0, "prompt": "text", **config},
@@ -200,10 +202,12 @@ def online_result(stage: str, name: str, rate: str, run_id: str, ttft_p50: float
 
 def test_the_performance_page_pairs_online_rows_by_rate_and_call():
     results = [
-        online_result("final", "final_online_h200", "8", "c1", 40.0),
-        online_result("mini-sglang", "peer_minisgl_online_h200", "8", "c1", 50.0),
-        online_result("final", "final_online_h200", "32", "c1", 90.0),
-        online_result("mini-sglang", "peer_minisgl_online_h200", "32", "c2", 60.0),  # another call
+        online_result("final", "final_online_h200", "8", "c1", 40.0, tok_s=900.0),
+        online_result("mini-sglang", "peer_minisgl_online_h200", "8", "c1", 30.0),
+        online_result("final", "final_online_h200", "32", "c1", 40.0, bursts=0.2),
+        online_result("mini-sglang", "peer_minisgl_online_h200", "32", "c1", 50.0),
+        online_result("final", "final_online_h200", "64", "c1", 90.0),
+        online_result("mini-sglang", "peer_minisgl_online_h200", "64", "c2", 60.0),  # another call
         online_result("final", "final_online_h200", "inf", "c1", 900.0, scale=0.1),  # not the workload
         online_result("mini-sglang", "peer_minisgl_online_h200", "inf", "c1", 800.0),
     ]
@@ -212,10 +216,16 @@ def test_the_performance_page_pairs_online_rows_by_rate_and_call():
     rows = {row[0]: row[1:] for row in (
         [c.strip() for c in line.strip("|").split("|")] for line in h200.splitlines() if line.startswith("| ")
     )}  # fmt: skip
-    assert rows["online 8 req/s, TTFT p50 (ms)"][:4] == ["40", "50", "1.25×", "≥ 1.00×: met"]
-    assert rows["online 8 req/s, TTFT p99 (ms)"][:4] == ["160", "200", "1.25×", "≥ 1.00×: met"]
-    assert "`final_online_h200_rate8`, `peer_minisgl_online_h200_rate8`" in h200
-    assert not any(title.startswith(("online 32", "online inf")) for title in rows)
+    # issue 27: throughput at every rate, TTFT from 32 req/s on, bursts below saturation
+    assert rows["online 8 req/s, tok/s"][:4] == ["900", "1,000", "0.90×", "≥ 1.00×: not yet"]
+    assert rows["online 8 req/s, TTFT p50 (ms)"][:4] == ["40", "30", "0.75×", "—"]
+    assert rows["online 32 req/s, TTFT p50 (ms)"][:4] == ["40", "50", "1.25×", "≥ 1.00×: met"]
+    assert rows["online 32 req/s, TTFT p99 (ms)"][:4] == ["160", "200", "1.25×", "≥ 1.00×: met"]
+    assert rows["online 32 req/s, gaps < ½ step (share)"][3] == "≤ 0.05: not yet"
+    assert rows["online 8 req/s, gaps < ½ step (share)"][3] == "≤ 0.05: met"
+    assert not any("ITL" in title for title in rows)  # a burst makes ITL p50 small, not good
+    assert "`final_online_h200_rate32`, `peer_minisgl_online_h200_rate32`" in h200
+    assert not any(title.startswith(("online 64", "online inf")) for title in rows)
     assert "online" not in page.split("### H200")[0]  # the H100 has none
 
 

@@ -97,6 +97,12 @@ def reference_outputs(model_dir):
     return outs, vocab
 
 
+# TRT-LLM's XQA decode over an fp8 cache is further from the float32 reference than FlashInfer's:
+# on the H200 (2026-11-25) one logprob in 512 came out 0.110 away, past KERNEL_ATOL's 0.1, with
+# the same dequantized K and V. Its own tolerance, named here, rather than a wider one for all.
+XQA_FP8_ATOL = 0.15
+
+
 @pytest.mark.parametrize("graphs", [0, 16])
 @pytest.mark.parametrize("spec", ["fi", "fi,trtllm"])
 def test_fp8_engine_matches_the_torch_backend(model_dir, reference_outputs, spec, graphs):
@@ -109,7 +115,8 @@ def test_fp8_engine_matches_the_torch_backend(model_dir, reference_outputs, spec
     del llm
     free_gpu_memory()
     assert sum(o.cached_tokens for o in got) > 0, "no radix hit"
-    compared = assert_agree_until_near_tie(got, want, vocab, atol=KERNEL_ATOL)
+    atol = XQA_FP8_ATOL if spec.endswith("trtllm") else KERNEL_ATOL
+    compared = assert_agree_until_near_tie(got, want, vocab, atol=atol)
     assert compared >= 4 * len(prompts)
 
 
