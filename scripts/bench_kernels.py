@@ -191,7 +191,11 @@ def bench_kv_write(report: Report, s: Setup) -> None:
                 report.check(
                     f"kv_write T={tokens} {dtype} page={page_size}",
                     ok,
-                    "" if ok else "; ".join(f"{n}: {mismatch(g, w, page_size)}" for n, g, w in zip("KV", got, want, strict=True)),
+                    ""
+                    if ok
+                    else "; ".join(
+                        f"{n}: {mismatch(g, w, page_size)}" for n, g, w in zip("KV", got, want, strict=True)
+                    ),
                 )
         cache, pages = pool(s, tokens, 16, s.act)
         slots, caches = step_slots(s, tokens, pages, 16), (cache, cache.clone())

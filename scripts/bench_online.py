@@ -34,8 +34,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
+import multiprocessing
+import os
 import re
 import sys
 import time
@@ -145,21 +148,96 @@ def text_prompts(tokenizer: Any, items: list[workloads.WorkItem]) -> list[str]:
 
 async def run_rate(
     url: str, model: str, load: workloads.Workload, api: str = "completions",
-    prompts: list[str] | None = None, timing: bool = False,
+    prompts: list[str] | None = None, timing: bool = False, start: float | None = None,
+    warm_up: bool = True,
 ) -> tuple[list[Record], float]:  # fmt: skip
+    """Send `load`'s requests at their arrival times after `start` (default: now, after one warm-up
+    request); the records and the seconds from `start` to the last one's end."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     texts: list[str | None] = list(prompts) if prompts is not None else [None] * len(load.items)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as http:
-        await send(http, url, model, load.items[0], Record(), api, texts[0], timing)  # warm-up
+        if warm_up:
+            await send(http, url, model, load.items[0], Record(), api, texts[0], timing)
         records = [Record() for _ in load.items]
-        start = time.monotonic()
+        begin = time.monotonic() if start is None else start
 
         async def at(item: workloads.WorkItem, record: Record, text: str | None) -> None:
-            await asyncio.sleep(max(0.0, start + item.arrival_s - time.monotonic()))
+            await asyncio.sleep(max(0.0, begin + item.arrival_s - time.monotonic()))
             await send(http, url, model, item, record, api, text, timing)
 
         await asyncio.gather(*(at(*job) for job in zip(load.items, records, texts, strict=True)))
-        return records, time.monotonic() - start
+        return records, time.monotonic() - begin
+
+
+# --8<-- [start:client-procs]
+# One Python client reading every stream is a bottleneck of its own: httpx parses each SSE chunk
+# in Python, and at the H200's 12,000-18,000 streamed tokens a second one event loop falls behind,
+# so tokens the server wrote a step apart reach it together (a burst the server did not make) and
+# every request's first token waits in its queue. --client-procs spreads the requests over
+# processes; CLOCK_MONOTONIC is one clock for all of them, and all start from one instant.
+def default_client_procs() -> int:
+    """A quarter of the host's cores, 1 to 8: the rest are the server's (engine, detokenizer, API)."""
+    return max(1, min(8, (os.cpu_count() or 1) // 4))
+
+
+def shards(n: int, procs: int) -> list[list[int]]:
+    """Request indices per client process, round-robin: each gets every procs-th arrival."""
+    return [list(range(k, n, procs)) for k in range(procs) if k < n]
+
+
+def _client_proc(shard, url, model, load, api, prompts, timing, ready, go, start, out) -> None:  # noqa: ANN001
+    ready.put(shard)
+    go.wait()
+    records, _ = asyncio.run(
+        run_rate(url, model, load, api, prompts, timing, start=start.value, warm_up=False)
+    )
+    out.put((shard, records))
+
+
+async def _warm_up(url: str, model: str, item: workloads.WorkItem, api: str, prompt: str | None, timing: bool) -> None:  # fmt: skip
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None)) as http:
+        await send(http, url, model, item, Record(), api, prompt, timing)
+
+
+def run_sharded(
+    url: str,
+    model: str,
+    load: workloads.Workload,
+    api: str,
+    prompts: list[str] | None,
+    timing: bool,
+    procs: int,
+) -> tuple[list[Record], float]:
+    """run_rate over `procs` processes (one: in this one); the records in the workload's order."""
+    if procs <= 1:
+        return asyncio.run(run_rate(url, model, load, api, prompts, timing))
+    asyncio.run(_warm_up(url, model, load.items[0], api, prompts[0] if prompts else None, timing))
+    context = multiprocessing.get_context("spawn")  # no event loop or client state inherited
+    ready, out, go, start = context.Queue(), context.Queue(), context.Event(), context.Value("d", 0.0)
+    parts = shards(len(load.items), procs)
+    workers = []
+    for shard, idx in enumerate(parts):
+        part = dataclasses.replace(load, items=[load.items[i] for i in idx])
+        texts = [prompts[i] for i in idx] if prompts is not None else None
+        args = (shard, url, model, part, api, texts, timing, ready, go, start, out)
+        workers.append(context.Process(target=_client_proc, args=args, daemon=True))
+        workers[-1].start()
+    for _ in workers:
+        ready.get(timeout=120)
+    start.value = time.monotonic() + 0.2  # every process waits on `go`: they all count from here
+    go.set()
+    got = dict(out.get() for _ in workers)  # before join(): a child exits once its queue is drained
+    for worker in workers:
+        worker.join()
+    records: list[Record] = [Record() for _ in load.items]
+    for shard, idx in enumerate(parts):
+        for i, record in zip(idx, got[shard], strict=True):
+            records[i] = record
+    end = max((r.chunk_times[-1] for r in records if r.chunk_times), default=start.value)
+    return records, end - start.value
+
+
+# --8<-- [end:client-procs]
 
 
 def rate_label(rate: float) -> str:
@@ -201,6 +279,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="ask for final/'s per-chunk timing (stream_options.include_timing): the engine's and the "
         "frontend's share of each token's latency",
     )  # fmt: skip
+    p.add_argument(
+        "--client-procs", type=int, default=default_client_procs(),
+        help="client processes the requests are spread over (default: a quarter of the cores, 1 to 8)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.api == "chat" and args.prompt_text is None:
         p.error("--api chat sends text prompts: give --prompt-text MODEL_DIR")
@@ -230,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         load.items = load.items[:wanted]
         prompts = text_prompts(tokenizer, load.items) if tokenizer is not None else None
-        records, duration = asyncio.run(run_rate(args.url, model, load, args.api, prompts, args.timing))
+        procs = max(1, min(args.client_procs, len(load.items)))
+        records, duration = run_sharded(args.url, model, load, args.api, prompts, args.timing, procs)
         metrics = summarize(records, duration)
         failures = [r.error for r in records if r.error]
         result: dict[str, Any] = {
@@ -247,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                 "api": args.api,
                 "prompt": "text" if tokenizer is not None else "ids",
                 "step_source": step_source(records),
+                "client_procs": procs,
                 **({"server_args": args.server_args} if args.server_args else {}),
                 **{k: v for k, v in load.settings.items() if k != "rate"},
             },  # fmt: skip

@@ -56,6 +56,8 @@
 #                 about 2 minutes a server on an H200 with the FlashInfer cache carried (80 s of
 #                 requests: 256 at 8/s alone take 32 s), 7 minutes with `ckpt`: under the 10-minute
 #                 limit; each server's results are packed into $OUT/partial-online.tar as soon as they exist
+#   fiws-save     end a call with it: FlashInfer's JIT cache into $OUT/fiws.tar.N (15 MB parts); copy
+#                 them to .fiws-cache/ (cat .fiws-cache/fiws.tar.* | tar -C /tmp -xf - restores it)
 #   bench-stage01 stage 01's batch-1 decode and HF transformers' generate on it (3 repeats each)
 #   bench-stage02 stage 02 (fi): batch-1 decode, the offline workload, and at scale 0.25 fi against torch
 #   bench-stage03 stage 03 (fi, page 16): shared-prefix and no-sharing workloads, radix against naive
@@ -137,6 +139,9 @@ run_step() {
       $py -c "import importlib.metadata as m, flash_attn.cute, cutlass; print('flash-attn-4', m.version('flash-attn-4'), 'nvidia-cutlass-dsl', m.version('nvidia-cutlass-dsl'))"
       $py -c "import torch; from final.attention.choose import resolve_attention as r; print('auto:', r('auto', 'cuda', torch.bfloat16))"
       ;;
+    fiws-save)  # the FlashInfer JIT cache as it stands, in 15 MB parts (the tool brings back files of
+      # at most 16 MiB): copy them to .fiws-cache/ here, and the next call compiles nothing again
+      tar -C "$(dirname $FLASHINFER_WORKSPACE_BASE)" -cf - "$(basename $FLASHINFER_WORKSPACE_BASE)" | split -b 15m -d -a 1 - "$out/fiws.tar." ;;
     ckpt) [ -f $ckpt/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-0.6b --out $ckpt ;;
     ckpt-8b) [ -f $ckpt8/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-8b --out $ckpt8 ;;
     test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py tests/test_final_gpu.py tests/test_final_penalties.py -k "not server and not bench_online" ;;

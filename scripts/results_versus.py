@@ -111,7 +111,15 @@ ONLINE_MEASURES = tuple(
         _online("output_tok_per_s", "tok/s", rate, True, True, min_speedup=1.0),
         _online("ttft_ms_p50", "TTFT p50 (ms)", rate, False, rate in LOADED_RATES, min_speedup=1.0),
         _online("ttft_ms_p99", "TTFT p99 (ms)", rate, False, rate in LOADED_RATES, min_speedup=1.0),
-        _online("burst_share_half_step", "gaps < ½ step (share)", rate, False, rate != "inf", max_ms=BURST_LIMIT, unit=""),  # fmt: skip
+        _online(
+            "burst_share_half_step",
+            "gaps < ½ step (share)",
+            rate,
+            False,
+            rate != "inf",
+            max_ms=BURST_LIMIT,
+            unit="",
+        ),  # fmt: skip
     )
 )
 

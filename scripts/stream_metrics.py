@@ -17,6 +17,11 @@ machine): a token's latency then splits into the engine's part and the frontend'
     smooth_streams_share    share of requests with at most 5% of their gaps under half the step
     frontend_burst_share    share of gaps at the client under half the same two tokens' gap at
                      the engine: the bursts the frontend made (with timing only)
+    server_burst_share      the same, with the times the server wrote the chunks: bursts the server
+                     made; what frontend_burst_share has beyond it came between the server's
+                     write and the client's read (the socket, or a client that fell behind)
+    ttft_server_ms   from sending a request to the server's writing its first token: the TTFT
+                     without the client's own delay in reading it (with timing only)
     engine_itl_ms    the gaps on the engine's clock
     frontend_ms      a token's time from the engine's host to the client (detokenizer, API process,
                      HTTP); server_ms of it until the server wrote it, network_ms the rest
@@ -102,6 +107,17 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
             (c, e) for r in timed for c, e in zip(r.gaps_ms(), _gaps(r.engine_times), strict=True) if e > 0
         ]
         out["frontend_burst_share"] = sum(c < e / 2 for c, e in pairs) / len(pairs) if pairs else 0.0
+        written = [
+            (w, e)
+            for r in timed
+            if len(r.written_times) == len(r.engine_times)
+            for w, e in zip(_gaps(r.written_times), _gaps(r.engine_times), strict=True)
+            if e > 0
+        ]
+        if written:
+            out["server_burst_share"] = sum(w < e / 2 for w, e in written) / len(written)
+        first = [(r.written_times[0] - r.sent) * 1e3 for r in timed if r.written_times]
+        out |= spread("ttft_server_ms", first)
         frontend = [(c - e) * 1e3 for r in timed for c, e in zip(r.chunk_times, r.engine_times, strict=True)]
         server = [(w - e) * 1e3 for r in timed for w, e in zip(r.written_times, r.engine_times, strict=False)]
         network = [(c - w) * 1e3 for r in timed for c, w in zip(r.chunk_times, r.written_times, strict=False)]

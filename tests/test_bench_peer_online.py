@@ -284,3 +284,9 @@ def test_the_online_section_pairs_a_call_rate_by_rate_with_the_prefill_first_run
     assert "No device call" in results_online.render(results[:1])
     versus = results_versus.render(results).split("### H200")[1]
     assert "online 8 req/s, TTFT p50 (ms) | 40 | 50 |" in versus  # not the prefill-first run's 30
+
+
+def test_client_processes_share_the_requests_round_robin():
+    assert bench_online.shards(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert bench_online.shards(2, 4) == [[0], [1]]  # no process without a request
+    assert 1 <= bench_online.default_client_procs() <= 8

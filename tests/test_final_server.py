@@ -508,7 +508,7 @@ def test_default_model_answers_streamed_and_not(default_server):
 def test_bench_online_smoke(server, tmp_path):
     proc = subprocess.run(
         [sys.executable, "scripts/bench_online.py", "--url", server.url, "--rates", "20,inf", "--scale", "0.01",
-         "--num-requests", "6", "--out-dir", str(tmp_path), "--name", "final_online_test"],
+         "--num-requests", "6", "--out-dir", str(tmp_path), "--name", "final_online_test", "--client-procs", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -517,6 +517,7 @@ def test_bench_online_smoke(server, tmp_path):
     for path in results:
         record = parse_result(json.loads(path.read_text()), path.name)  # the schema render_results reads
         assert record.group == "final" and record.stage == "final" and record.workload == "online"
-        assert record.metrics["completed"] == 6 and record.metrics["failed"] == 0
+        assert record.metrics["completed"] == 6 and record.metrics["failed"] == 0  # both processes' requests
+        assert record.config["client_procs"] == 2
         assert 0 < record.metrics["ttft_ms_p50"] <= record.metrics["e2e_ms_p99"]
         assert record.metrics["output_tok_per_s"] > 0

@@ -30,11 +30,23 @@ def test_bursts_are_counted_against_half_the_engines_step():
     assert m["burst_share_half_step"] == pytest.approx(2 / 9)  # 0.1 and 1 are under 5 ms
     assert m["burst_share_2ms"] == pytest.approx(2 / 9)
     assert m["frontend_burst_share"] == pytest.approx(1 / 9)  # 1 ms at the client was 1 ms at the engine
+    assert m["server_burst_share"] == pytest.approx(1 / 9)  # written 0.5 ms before each arrival: same gaps
+    assert m["ttft_server_ms_p50"] == pytest.approx(0.5)  # first chunks written at 0.5, 1.5 and 0.5 ms
     assert m["smooth_streams_share"] == pytest.approx(1 / 3)
     assert m["network_ms_p50"] == pytest.approx(0.5)
     assert m["frontend_ms_p50"] == pytest.approx(1.0)  # client time minus engine time, per token
     assert m["itl_ms_p50"] == pytest.approx(10.0)
     assert step_source(STREAMS) == "engine"
+
+
+def test_a_client_that_falls_behind_is_told_from_a_server_that_bursts():
+    """Written a step apart, read together: the burst is the client's (or the socket's), not the server's."""
+    late = record([0, 10, 20, 30], [1, 11, 40, 40.1])
+    late.written_times = [0.0005, 0.0105, 0.0205, 0.0305]
+    m = summarize([late], duration=1.0)
+    assert m["frontend_burst_share"] == pytest.approx(1 / 3)
+    assert m["server_burst_share"] == 0.0
+    assert m["ttft_server_ms_p50"] == pytest.approx(0.5) and m["ttft_ms_p50"] == pytest.approx(1.0)
 
 
 def test_without_timing_the_step_is_the_median_tpot():

@@ -101,7 +101,9 @@ def _jit():
             tile = tl.load(w_rows + col[None, :], mask=n_in[:, None] & col_in[None, :], other=0.0)
             tile = tile.to(tl.float32)  # [BLOCK_N, BLOCK_K]
             for row in tl.static_range(BLOCK_M):  # a few rows: one dot product each, no 3-D temporaries
-                row_in = tl.full([BLOCK_K], row, tl.int32) < M  # a vector mask: Triton 3.9's interpreter refuses a scalar one
+                row_in = (
+                    tl.full([BLOCK_K], row, tl.int32) < M
+                )  # a vector mask: Triton 3.9's interpreter refuses a scalar one
                 xs = tl.load(x + row * x_row_stride + col, mask=col_in & row_in, other=0.0)
                 part = tl.sum(tile * xs.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
                 acc += tl.where(m[:, None] == row, part[None, :], 0.0)
