@@ -93,19 +93,8 @@ class EngineCore:
         return self.kv.capacity
 
     def info(self) -> EngineInfo:
-        config = self.config
-        return EngineInfo(
-            model_dir=str(config.model_dir),
-            vocab_size=config.model.vocab_size,
-            max_context=config.model.max_context,
-            eos_token_ids=tuple(config.model.eos_token_ids),
-            num_pages=self.executor.runner.num_pages,
-            page_size=config.page_size,
-            device=str(config.device),
-            dtype=str(config.dtype).removeprefix("torch."),
-            attn=self.executor.runner.backend.name,
-            cache=config.cache,
-        )
+        runner = self.executor.runner
+        return EngineInfo.of(self.config, runner.num_pages, runner.backend.name)
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
         """A UserError saying why a request cannot be served, without queueing it; else how many

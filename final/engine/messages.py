@@ -11,9 +11,12 @@ are pickled over local ZMQ sockets.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .resolve import ResolvedConfig
 
 ENGINE_DEAD = "engine_dead"  # RequestDelta.error_code of every request when the engine is lost
 
@@ -75,6 +78,22 @@ class EngineInfo:
     @property
     def kv_capacity(self) -> int:
         return self.num_pages * self.page_size
+
+    @classmethod
+    def of(cls, config: ResolvedConfig, num_pages: int, attn: str) -> EngineInfo:
+        """The engine's description from its resolved configuration and what its runner built."""
+        return cls(
+            model_dir=str(config.model_dir),
+            vocab_size=config.model.vocab_size,
+            max_context=config.model.max_context,
+            eos_token_ids=tuple(config.model.eos_token_ids),
+            num_pages=num_pages,
+            page_size=config.page_size,
+            device=str(config.device),
+            dtype=str(config.dtype).removeprefix("torch."),
+            attn=attn,
+            cache=config.cache,
+        )
 
 
 @dataclass

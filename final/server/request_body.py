@@ -24,8 +24,9 @@ from fastapi import Request
 
 from .body import THREAD_ABOVE_BYTES, check_content_type, decode_json, read_body
 from .errors import APIError, bad_request, never_fits
-from .protocol import MAX_MESSAGES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, parse
+from .protocol import MAX_MESSAGES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from .state import ServerState
+from .validation import parse
 
 # The most items of any list or object of a body (the prompt aside, see check_prompt_sizes), and
 # the fields whose own limit is lower, counted before validation too.
