@@ -151,6 +151,16 @@ def _bars(ax, rows: list[Result], metrics: list[str]) -> None:
             ax.annotate(
                 format_metric(x), (x, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7
             )
+    _bar_axis(ax, rows, values, log)
+    ax.set_xlabel(_axis_label(split_unit(metrics[0])[1], log))
+    ax.grid(axis="x", alpha=0.3)
+    if len(metrics) > 1:
+        ax.legend(loc="lower right", fontsize=7, frameon=True)
+
+
+def _bar_axis(ax, rows: list[Result], values: list[float], log: bool) -> None:
+    """A horizontal bar chart's rows labelled top to bottom, and room right of the longest bar for
+    its label (a log axis needs a factor, a linear one a quarter more)."""
     ax.set_yticks(range(len(rows)), [short_label(r) for r in rows])
     ax.invert_yaxis()
     if log:
@@ -158,10 +168,6 @@ def _bars(ax, rows: list[Result], metrics: list[str]) -> None:
         ax.set_xlim(right=max(values) * 8)
     else:
         ax.set_xlim(0, max(values) * 1.25)
-    ax.set_xlabel(_axis_label(split_unit(metrics[0])[1], log))
-    ax.grid(axis="x", alpha=0.3)
-    if len(metrics) > 1:
-        ax.legend(loc="lower right", fontsize=7, frameon=True)
 
 
 def _variant_bars(ax, rows: list[Result], metric: str, kinds: list[str], height: float, log: bool,
@@ -181,13 +187,7 @@ def _variant_bars(ax, rows: list[Result], metric: str, kinds: list[str], height:
         )
         ax.annotate(format_metric(value), (value, i), xytext=(3, 0), textcoords="offset points", va="center",
                     fontsize=7)  # fmt: skip
-    ax.set_yticks(range(len(rows)), [short_label(r) for r in rows])
-    ax.invert_yaxis()
-    if log:
-        ax.set_xscale("log")
-        ax.set_xlim(right=max(values) * 8)
-    else:
-        ax.set_xlim(0, max(values) * 1.25)
+    _bar_axis(ax, rows, values, log)
     ax.set_xlabel(metric_label(metric) + (", log scale" if log else ""))
     ax.grid(axis="x", alpha=0.3)
     ax.legend(handles=[Patch(color=COLORS[k], label=name) for k, name in enumerate(order)], loc="lower right",

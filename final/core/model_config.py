@@ -48,13 +48,18 @@ class ModelConfig:
         return self.rope_scaling.get("rope_type", "default")
 
 
-def load_model_config(folder: Path, max_context_override: int | None = None) -> ModelConfig:
+def read_config_json(folder: Path) -> tuple[Path, dict]:
+    """config.json's path and the decoder's part of it (a UserError if it cannot be read)."""
     path = Path(folder) / "config.json"
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise UserError(f"cannot read {path}: {err}") from err
-    raw = raw.get("text_config", raw)  # multimodal wrappers keep the decoder's config inside
+    return path, raw.get("text_config", raw)  # multimodal wrappers keep the decoder's config inside
+
+
+def load_model_config(folder: Path, max_context_override: int | None = None) -> ModelConfig:
+    path, raw = read_config_json(folder)
     archs = raw.get("architectures") or []
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:

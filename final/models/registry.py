@@ -9,7 +9,6 @@ if its config.json says more than the Llama reader reads, its reader) plus one l
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 from torch import nn
 
 from ..core.errors import UserError
-from ..core.model_config import SUPPORTED_ARCHITECTURES, ModelConfig, load_model_config
+from ..core.model_config import SUPPORTED_ARCHITECTURES, ModelConfig, load_model_config, read_config_json
 from .llama import LlamaForCausalLM
 
 
@@ -40,12 +39,7 @@ ARCHITECTURES: dict[str, Architecture] = {
 
 def architecture_of(folder: Path) -> Architecture:
     """The registry's entry for the checkpoint in `folder` (a UserError names the supported ones)."""
-    path = Path(folder) / "config.json"
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {path}: {err}") from err
-    raw = raw.get("text_config", raw)  # multimodal wrappers keep the decoder's config inside
+    path, raw = read_config_json(folder)
     names = raw.get("architectures") or []
     for name in names:
         if name in ARCHITECTURES:
