@@ -31,6 +31,7 @@ from scripts.results_model import (
     format_ratio,
     format_value,
 )
+from scripts.stream_metrics import SMOOTH_MAX_BURSTS as BURST_LIMIT  # issue 27's bound, the streams' too
 
 FINAL, PEER = "final", "mini-sglang"
 EMPTY = "next GPU run"
@@ -97,7 +98,6 @@ VERSUS_STAGE = "versus"  # scripts/bench_versus.py's results: both engines in on
 # is no goal of its own: a burst of tokens microseconds apart makes it small, not good.
 ONLINE_RATES = ("8", "32", "64", "inf")
 LOADED_RATES = ("32", "64", "inf")
-BURST_LIMIT = 0.05
 
 
 def _online(metric: str, title: str, rate: str, higher: bool, goal: bool, **kw) -> Measure:

@@ -271,7 +271,7 @@ def test_the_online_section_pairs_a_call_rate_by_rate_with_the_prefill_first_run
     results.append(prefill_first.__class__(**{**prefill_first.__dict__, **late}))
     page = results_online.render(results, "plot.png")
     h200 = page.split("### H200")[1]
-    assert "`c1`" in h200 and "![TTFT and ITL" in h200
+    assert "`c1`" in h200 and "![TTFT p50 and the share of gaps under half a step" in h200
     rows = [line for line in h200.splitlines() if line.startswith("| 8 |") or line.startswith("| inf |")]
     assert "40 · 50 · 1.25×" in rows[0] and "900 · 600 · 0.67×" in rows[1]
     assert any("final/ prefill-first" in line and "| 30 |" in line for line in h200.splitlines())
