@@ -386,3 +386,21 @@ def test_final_runs_record_their_kv_cache_and_preemptions(tmp_path, tiny_qwen3_d
                      "--engine-arg", "kv_cache_dtype=fp8_e4m3")  # fmt: skip
     assert data["metrics"]["kv_capacity_tokens"] == 200
     assert data["metrics"]["preemptions"] > 0 and data["config"]["kv_cache_dtype"] == "fp8_e4m3"
+
+
+def test_the_warm_up_samples_as_the_workload_does():
+    """A kernel the timed run needs must be compiled before the clock starts: FlashInfer compiles its
+    sampling kernels on first use, so the warm-up samples with each kind of params the workload has
+    (an H200 offline run read 1,177 tok/s for ~20,000 when only greedy requests warmed it up and a
+    kernel compiled inside the timed run)."""
+    workload = wl.make_workload("offline", 1000, seed=0, scale=0.05)
+    kinds = {(p.temperature, p.top_k, p.top_p, p.min_p) for p in (i.params for i in workload.items)}
+    sampled = [k for k in kinds if k[0] > 0]
+    assert sampled, "the offline workload samples: nothing to check"
+    warm = bench.warmup_workload(1000, workload)
+    warm_kinds = {(p.temperature, p.top_k, p.top_p, p.min_p) for p in (i.params for i in warm.items)}
+    assert set(sampled[:4]) <= warm_kinds
+    assert any(p.temperature == 0 for p in (i.params for i in warm.items))
+    assert all(i.params.max_tokens <= 4 for i in warm.items), "a warm-up is short"
+    prompts = {tuple(i.prompt_ids[:16]) for i in workload.items}
+    assert not any(tuple(i.prompt_ids) in prompts for i in warm.items), "no radix hit for the timed run"
