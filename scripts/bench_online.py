@@ -115,6 +115,7 @@ async def send(
                     if "timing" in chunk:  # final/'s stream_options.include_timing
                         record.engine_times.append(chunk["timing"]["engine"])
                         record.written_times.append(chunk["timing"]["sent"])
+                        record.detokenized_times.append(chunk["timing"].get("detokenized", 0.0))
     except httpx.HTTPError as err:
         record.error = f"{type(err).__name__}: {err}"
     if not record.completion_tokens:

@@ -24,7 +24,8 @@ machine): a token's latency then splits into the engine's part and the frontend'
                      without the client's own delay in reading it (with timing only)
     engine_itl_ms    the gaps on the engine's clock
     frontend_ms      a token's time from the engine's host to the client (detokenizer, API process,
-                     HTTP); server_ms of it until the server wrote it, network_ms the rest
+                     HTTP); server_ms of it until the server wrote it, network_ms the rest;
+                     server_ms is detok_ms (engine -> the detokenizer's send) + api_ms (-> the write)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Record:
     chunk_times: list[float] = field(default_factory=list)
     engine_times: list[float] = field(default_factory=list)  # per chunk, when the server says
     written_times: list[float] = field(default_factory=list)  # per chunk: when the server wrote it
+    detokenized_times: list[float] = field(default_factory=list)  # per chunk: when it left the detokenizer
     completion_tokens: int = 0
     error: str | None = None
 
@@ -123,6 +125,23 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
         network = [(c - w) * 1e3 for r in timed for c, w in zip(r.chunk_times, r.written_times, strict=False)]
         out |= spread("engine_itl_ms", engine_gaps) | spread("frontend_ms", frontend)
         out |= spread("server_ms", server) | spread("network_ms", network)
+        # server_ms in two: engine -> detokenizer process (ZMQ and the step's text), detokenizer ->
+        # the API's write (ZMQ, the API's event loop): which process falls behind under load.
+        stamped = [
+            r for r in timed if len(r.detokenized_times) == len(r.engine_times) and all(r.detokenized_times)
+        ]
+        if stamped:
+            detok = [
+                (d - e) * 1e3
+                for r in stamped
+                for d, e in zip(r.detokenized_times, r.engine_times, strict=True)
+            ]
+            api = [
+                (w - d) * 1e3
+                for r in stamped
+                for w, d in zip(r.written_times, r.detokenized_times, strict=False)
+            ]
+            out |= spread("detok_ms", detok) | spread("api_ms", api)
     return out
 
 

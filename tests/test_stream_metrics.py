@@ -56,3 +56,17 @@ def test_without_timing_the_step_is_the_median_tpot():
     assert m["step_ms_p50"] == pytest.approx(10.0)  # TPOTs 10 and 10
     assert m["burst_share_half_step"] == pytest.approx(1 / 6)  # 0.5 ms among 10, 10, 0.5, 19.5, 10, 10
     assert "frontend_ms_p50" not in m and "frontend_burst_share" not in m
+
+
+def test_the_servers_part_splits_into_the_detokenizer_and_the_api():
+    """engine at 0 and 10 ms, out of the detokenizer 0.2 ms later, written by the API 3 ms after that:
+    detok_ms 0.2, api_ms 3, and together server_ms; a frame without the stamp leaves the split out."""
+    r = record([0, 10], [5, 15])
+    r.detokenized_times = [0.0002, 0.0102]
+    r.written_times = [0.0032, 0.0132]
+    m = summarize([r], duration=1.0)
+    assert m["detok_ms_p50"] == pytest.approx(0.2)
+    assert m["api_ms_p50"] == pytest.approx(3.0)
+    assert m["server_ms_p50"] == pytest.approx(3.2)
+    r.detokenized_times = [0.0, 0.0]  # a server that does not stamp it
+    assert "detok_ms_p50" not in summarize([r], duration=1.0)
