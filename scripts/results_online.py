@@ -30,6 +30,7 @@ COLUMNS = (
 SMOOTH = (  # final/'s own split, and how smooth each server's streams were
     ("step_ms_p50", "engine step (ms)"),
     ("frontend_ms_p50", "engine → client p50 (ms)"),
+    ("server_ms_p90", "engine → server's write p90 (ms)"),  # the tail of the server's own part
     ("burst_share_half_step", "gaps < ½ step"),
     ("burst_share_2ms", "gaps < 2 ms"),
 )
