@@ -70,6 +70,9 @@
 #                 workload and the batch-1 decode step (VERSUS_REPEATS, default 3, alternating the
 #                 engines) and the kernel table of a decode step at batch 1 and 256, greedy and 0.6
 #                 (scripts/bench_versus.py), into versus_minisgl_<gpu>.json with every ratio
+#   graph-launch  final/'s CUDA graph launches as it serves, without a profiler: the host's time in
+#                 each and the share that found the GPU drained (scripts/bench_graph_launch.py), batch
+#                 1 and 64, into logs/graph_launch.json: is the batch-1 idle the launch? (needs ckpt)
 #   host-step     the host's CPU time per decode step of final/, by phase, at batch 64 and 256 on this
 #                 host's CPU (scripts/bench_host_step.py: the GPU's parts stood in; the GPU is idle),
 #                 table in the log, JSON in logs/host_step.json: does the host set the pace?
@@ -307,6 +310,7 @@ run_step() {
         --gpu $gpu --repeats "${VERSUS_REPEATS:-3}" ${VERSUS_BASE:+--base "$VERSUS_BASE"}
       ;;
     host-step) $py scripts/bench_host_step.py --steps 200 --json "$out/logs/host_step.json" ;;
+    graph-launch) $py scripts/bench_graph_launch.py --model $ckpt --batch 1 64 --json "$out/logs/graph_launch.json" ;;
     test-kv-fp8) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kv_fp8.py ;;
     kv-fp8)
       local part rc=0
