@@ -394,12 +394,15 @@ def test_the_warm_up_samples_as_the_workload_does():
     (an H200 offline run read 1,177 tok/s for ~20,000 when only greedy requests warmed it up and a
     kernel compiled inside the timed run)."""
     workload = wl.make_workload("offline", 1000, seed=0, scale=0.05)
-    kinds = {(p.temperature, p.top_k, p.top_p, p.min_p) for p in (i.params for i in workload.items)}
-    sampled = [k for k in kinds if k[0] > 0]
+
+    def kind(p):
+        return (p.top_k, p.top_p, p.min_p, p.logprobs)
+
+    sampled = list(dict.fromkeys(kind(i.params) for i in workload.items if i.params.temperature > 0))
     assert sampled, "the offline workload samples: nothing to check"
     warm = bench.warmup_workload(1000, workload)
-    warm_kinds = {(p.temperature, p.top_k, p.top_p, p.min_p) for p in (i.params for i in warm.items)}
-    assert set(sampled[:4]) <= warm_kinds
+    warm_kinds = {kind(i.params) for i in warm.items if i.params.temperature > 0}
+    assert set(sampled[:4]) <= warm_kinds  # the first four kinds, in the workload's order
     assert any(p.temperature == 0 for p in (i.params for i in warm.items))
     assert all(i.params.max_tokens <= 4 for i in warm.items), "a warm-up is short"
     prompts = {tuple(i.prompt_ids[:16]) for i in workload.items}

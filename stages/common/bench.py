@@ -326,11 +326,11 @@ def warmup_workload(vocab_size: int, like: Workload | None = None) -> Workload:
     from .sampling import SamplingParams
     from .workloads import WorkItem, Workload
 
-    kinds = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4)] * 2
-    seen: set[tuple[Any, ...]] = set()
+    kinds = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4) for _ in range(2)]
+    seen: set[tuple[Any, ...]] = set()  # what picks a sampling kernel; the temperature does not
     for item in like.items if like is not None else []:
         params = item.params
-        key = (params.temperature > 0, params.top_k, params.top_p, params.min_p, params.logprobs)
+        key = (params.top_k, params.top_p, params.min_p, params.logprobs)
         if params.temperature > 0 and key not in seen and len(seen) < 4:
             seen.add(key)
             kinds.append(dataclasses.replace(params, max_tokens=4, ignore_eos=True, stop=[], seed=0))
