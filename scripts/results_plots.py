@@ -41,8 +41,10 @@ PLOT_METRICS: dict[str, tuple[str, ...]] = {
     "kv-decode-kernel": tuple(f"us_b64_c16384_{k}" for k in ("bf16", "bf16_tc", "fp8", "fp8_tc")),
 }
 # Workloads that get a table but no panel: `startup` times `--help`, which says nothing next to a
-# chapter's measurement and took a third of its figure.
-NO_PANEL = frozenset({"startup"})
+# chapter's measurement and took a third of its figure; `versus` holds two engines in one file, so
+# a bar per result drew final/'s figure under the file's name ("minisgl"): its table, with both
+# engines and their ratio, is on the Performance page.
+NO_PANEL = frozenset({"startup", "versus"})
 COLORS = ("#3f6fb5", "#e07b39", "#5aa469", "#a05195")
 PEER_COLOR = "#8c8c8c"
 LOG_SPAN = 20.0

@@ -411,3 +411,12 @@ def test_the_committed_sketches_are_up_to_date() -> None:
     from scripts import draw_sketches
 
     assert draw_sketches.main(["--check"]) == 0, "run python scripts/draw_sketches.py"
+
+
+def test_a_versus_file_gets_its_table_but_no_bar_under_the_peers_name(tmp_path: Path) -> None:
+    """A versus file holds both engines: one bar per result would draw final/'s offline figure
+    labelled with the file's name ("minisgl"), so the group gets no panel, hence no plot."""
+    gpu = {"cpu": "Xeon", "gpu": "NVIDIA H200"}
+    versus = result("versus_minisgl_h200", stage="versus", workload="versus", hardware=gpu,
+                    metrics={"offline_final": 21000.0, "offline_minisgl": 19500.0, "offline_ratio": 1.08})  # fmt: skip
+    assert rr.results_plots.panels([rr.parse_result(versus, "versus.json")]) == []
