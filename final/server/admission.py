@@ -4,7 +4,7 @@
 event loop between the check and the taking, so a burst of 40 streams against a limit of 8 admits
 exactly 8, however the tasks interleave (the count used to be read at admission and raised only
 once a stream's body began, so a burst slipped through). The places are held by a `Ticket` until
-the response is done, whatever ends it (a streamed one through `TicketedStream`); releasing
+the response is done, whatever ends it (a streamed one through event_stream.EventStream); releasing
 twice is a no-op.
 
 One request may hold at most `per_request` places (the server gives --max-running-requests, what
@@ -16,13 +16,7 @@ client would loop on.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
-
 from .errors import APIError, never_fits, overloaded
-from .formatting import SSE_HEADERS
 
 
 class Ticket:
@@ -53,18 +47,3 @@ class Admission:
         self.in_use += count
         return Ticket(self, count)
         # --8<-- [end:reserve]
-
-
-class TicketedStream(StreamingResponse):
-    """A streamed response that gives its admission places back when it ends, even when it is
-    cancelled before its body starts (then the body's own `finally` never runs)."""
-
-    def __init__(self, ticket: Ticket, content: AsyncIterator[str]):
-        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
-        self.ticket = ticket
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.ticket.release()

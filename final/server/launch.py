@@ -116,7 +116,8 @@ def run_http(
     """Serve until a signal (exit status 0) or the loss of the engine (ENGINE_LOST_EXIT)."""
     import uvicorn
 
-    from .timeouts import timed_h11_protocol  # uvicorn's protocol, subclassed
+    from .event_stream import DirectSend
+    from .timeouts import timed_http_protocol  # uvicorn's protocol, subclassed
 
     engine, model_dir, defaults = frontend.engine, frontend.model_dir, frontend.sampling_defaults
     served = args.served_model_name or default_served_name(config.model, model_dir)
@@ -190,12 +191,12 @@ def run_http(
         on_engine_lost=on_engine_lost,
     )
     uv_config = uvicorn.Config(
-        app,
+        DirectSend(app),  # outside even Starlette's own error middleware (event_stream.py says why)
         host=args.host,
         port=args.port,
         log_level=log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        http=timed_h11_protocol(args.read_timeout),
+        http=timed_http_protocol(args.read_timeout),
         access_log=not args.disable_log_requests,
     )
     uv_server = make_uvicorn_server(uv_config, on_exit)

@@ -22,8 +22,9 @@ from ..core.errors import UserError
 from ..core.sampling_params import SamplingParams
 from ..frontend.mailbox import TokenUpdate
 from ..frontend.sampling_defaults import fit_default_max_tokens
-from .admission import Ticket, TicketedStream
+from .admission import Ticket
 from .errors import bad_request, engine_dead, model_not_found
+from .event_stream import EventStream
 from .formatting import TextFrame, TextOffsets, chat_logprobs, completion_logprobs, usage
 from .generation import Job, check_request, generate_many, sampling_for_choice
 from .prompts import chat_prompt, completion_prompts
@@ -114,7 +115,7 @@ async def _serve(
     handed_over = False
     try:
         response = await respond(state, req, http, ticket)
-        handed_over = isinstance(response, TicketedStream)
+        handed_over = isinstance(response, EventStream)
         return response
     finally:
         if not handed_over:
@@ -198,7 +199,7 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
     stream = stream_sse(
         state, jobs, http, chunk, firsts, final_usage if req.include_usage else None, req.include_timing
     )
-    return TicketedStream(ticket, stream)
+    return EventStream(ticket, stream)
 
 
 # ------------------------------------------------------------------------------ completions
@@ -272,4 +273,4 @@ async def _completion(state: ServerState, req: CompletionRequest, http: Request,
     stream = stream_sse(
         state, jobs, http, chunk, [], final_usage if req.include_usage else None, req.include_timing
     )
-    return TicketedStream(ticket, stream)
+    return EventStream(ticket, stream)

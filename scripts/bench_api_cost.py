@@ -1,0 +1,270 @@
+"""The server's CPU cost per streamed frame and per request, process by process, on any machine.
+
+    python -m scripts.bench_api_cost                       # 128 streams x 200 tokens, 128 arrivals
+    python -m scripts.bench_api_cost --json out.json --repeats 3
+
+Issue 27: under load on the H200 the API process fell behind the engine (at 64 requests a second a
+token waited 196 ms at p90 between the engine and the server's write, while the engine's step was
+4.7 ms). Whether a server keeps up is a question of CPU time: each frame a stream writes and each
+request that arrives costs the API process (and the detokenizer process) some microseconds, and
+when the sum per second reaches a core, frames queue. That cost does not depend on the GPU, so it
+is measured here, on final/'s real server (HTTP, API process, detokenizer process, engine process
+loop) over the stand-in engine of tests/fixtures/ticking_engine.py, whose step is a clock.
+
+Two phases, each timed by the CPU time of each server process (user + system, all its threads),
+read from /proc through psutil before and after, so that other work on the machine (the client
+itself, on a small box) changes the figures little:
+
+- `streams`: --streams concurrent streamed completions of --tokens tokens each, short prompts:
+  the per-frame cost (`api_us_per_frame`, `detok_us_per_frame`, `engine_us_per_frame`);
+- `arrivals`: --arrivals streamed completions of one token, prompts of --prompt-tokens tokens of
+  text, sent --concurrency at a time: the per-request cost (`api_us_per_request`, ...): parsing,
+  tokenizing, admission, the response's start and end.
+
+A figure is the median over --repeats runs of the phase. The client is a bare asyncio HTTP/1.1
+reader (one connection per request) so that it takes as little of the machine as it can. The
+result (benchmarks/README.md's schema, `--out-dir`) records the HTTP protocol and event loop the
+server ran on (httptools and uvloop when installed, else h11 and asyncio: uvicorn's own choice).
+A per-request figure includes the connection's accept and close (the client opens one per request),
+which cost far more on a sandboxed machine, whose system calls are slow, than on a GPU host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import importlib.util
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("streams", "arrivals")
+PROCESSES = ("api", "detok", "engine")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerUnderTest:
+    """`python -m tests.fixtures.ticking_server` in its own process group, and its processes."""
+
+    def __init__(self, model_dir: Path, tick_s: float, extra: list[str]):
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="bench-api-cost-", suffix=".log", delete=False)
+        env = {**os.environ, "TICK_S": str(tick_s), "PYTHONPATH": str(ROOT)}
+        cmd = [sys.executable, "-m", "tests.fixtures.ticking_server", "--model", str(model_dir),
+               "--port", str(self.port), "--log-level", "warning", "--max-running-requests", "4096",
+               "--disable-log-requests", *extra]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # fmt: skip
+        self.processes: dict[str, psutil.Process] = {}
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited ({self.proc.returncode}); its log: {self.log.name}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    s.sendall(b"GET /v1/models HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+                    if s.recv(12).startswith(b"HTTP/1.1 200"):
+                        break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise SystemExit(f"the server did not answer within {timeout:.0f} s; its log: {self.log.name}")
+        api = psutil.Process(self.proc.pid)
+        self.processes["api"] = api
+        for child in api.children(recursive=True):
+            name = " ".join(child.cmdline()) + child.name()
+            self.processes["detok" if "detok" in name else "engine"] = child
+
+    def cpu_seconds(self) -> dict[str, float]:
+        out = {}
+        for role, proc in self.processes.items():
+            t = proc.cpu_times()
+            out[role] = t.user + t.system
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+async def stream_one(port: int, body: dict[str, Any]) -> int:
+    """One streamed completion over its own connection; the number of SSE frames with text."""
+    payload = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(payload), payload))  # fmt: skip
+    frames, tail = 0, b""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            status = head.split(b"\r\n", 1)[0].decode()
+            raise RuntimeError(f"the server answered {status!r}")
+        while data := await reader.read(1 << 16):
+            text = tail + data
+            frames += text.count(b'"text": ') - tail.count(b'"text": ')
+            tail = text[-16:]
+            if b"data: [DONE]" in text[-64:]:
+                break
+    finally:
+        writer.close()
+    return frames
+
+
+async def run_phase(port: int, bodies: list[dict[str, Any]], concurrency: int) -> int:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(body: dict[str, Any]) -> int:
+        async with gate:
+            return await stream_one(port, body)
+
+    return sum(await asyncio.gather(*(one(b) for b in bodies)))
+
+
+def prompt_text(tokens: int) -> str:
+    """About `tokens` tokens of plain words (the stand-in's output is the prompt's tokens again)."""
+    words = "the quick brown fox jumps over a lazy dog while seven wise owls watch it".split()
+    return " ".join(words[i % len(words)] for i in range(tokens))
+
+
+def measure(server: ServerUnderTest, phase: str, args: argparse.Namespace) -> dict[str, float]:
+    if phase == "streams":
+        bodies = [{"prompt": prompt_text(16), "max_tokens": args.tokens, "stream": True, "ignore_eos": True,
+                   "temperature": 0} for _ in range(args.streams)]  # fmt: skip
+        concurrency, per = args.streams, "frame"
+    else:
+        bodies = [{"prompt": prompt_text(args.prompt_tokens), "max_tokens": 1, "stream": True,
+                   "temperature": 0} for _ in range(args.arrivals)]  # fmt: skip
+        concurrency, per = args.concurrency, "request"
+    before, start = server.cpu_seconds(), time.perf_counter()
+    frames = asyncio.run(run_phase(server.port, bodies, concurrency))
+    wall, after = time.perf_counter() - start, server.cpu_seconds()
+    count = frames if per == "frame" else len(bodies)
+    out = {f"{role}_us_per_{per}": (after[role] - before[role]) / count * 1e6 for role in before}
+    out[f"{phase}_wall_s"] = wall
+    out[f"{phase}_{per}s"] = count
+    if phase == "streams":  # how far behind the stand-in's clock the whole phase ran
+        out["streams_slip"] = wall / (args.tokens * args.tick_ms / 1e3)
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--model", type=Path, default=None, help="a model folder, for its tokenizer (default model)"
+    )
+    p.add_argument("--streams", type=int, default=128, help="concurrent streams in the streams phase")
+    p.add_argument("--tokens", type=int, default=200, help="tokens per stream")
+    p.add_argument("--tick-ms", type=float, default=10.0, help="the stand-in engine's decode step")
+    p.add_argument("--arrivals", type=int, default=128, help="requests in the arrivals phase")
+    p.add_argument("--prompt-tokens", type=int, default=560, help="their prompts' length (the online mean)")
+    p.add_argument("--concurrency", type=int, default=16, help="arrivals in flight at once")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each phase; figures are medians")
+    p.add_argument("--server-args", default="", help="more flags for the server")
+    p.add_argument("--name", default=None, help="the result's name (default: final_api_cost_<device>)")
+    p.add_argument("--label", default=None, help="a short row label for the tables")
+    p.add_argument("--out-dir", type=Path, default=None, help="write the result JSON here")
+    return p.parse_args(argv)
+
+
+def server_stack() -> dict[str, str]:
+    """What uvicorn serves with in this Python: its protocol and loop, and their versions."""
+    import uvicorn
+
+    stack = {"uvicorn": uvicorn.__version__}
+    for dist in ("httptools", "uvloop"):
+        if importlib.util.find_spec(dist) is not None:
+            stack[dist] = importlib.metadata.version(dist)
+    stack["http"] = "httptools" if "httptools" in stack else "h11"
+    stack["loop"] = "uvloop" if "uvloop" in stack else "asyncio"
+    return stack
+
+
+def result_json(args: argparse.Namespace, metrics: dict[str, float], runs: dict[str, list[float]]) -> dict:
+    from stages.common import hardware
+    from stages.common.bench import stamp_run_id
+
+    info = hardware.describe()
+    device = (info["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "-")
+    stack = server_stack()
+    config = {
+        "streams": args.streams, "tokens": args.tokens, "tick_ms": args.tick_ms, "arrivals": args.arrivals,
+        "prompt_tokens": args.prompt_tokens, "concurrency": args.concurrency, "repeats": args.repeats,
+        "model": Path(args.model).name, "http": stack["http"], "loop": stack["loop"],
+        "server_args": args.server_args,
+    }  # fmt: skip
+    keys = [k for k in metrics if "_us_per_" in k] + [k for k in metrics if "_us_per_" not in k]
+    result = {
+        "name": args.name or f"final_api_cost_{device}",
+        "stage": "final",
+        "workload": "api-cost",
+        "metrics": {k: metrics[k] for k in keys},
+        "config": config,
+        "hardware": info,
+        "versions": hardware.versions() | {k: v for k, v in stack.items() if k not in ("http", "loop")},
+        "command": "python -m scripts.bench_api_cost " + " ".join(sys.argv[1:]),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": [{k: runs[k][i] for k in keys} for i in range(args.repeats)],
+    }
+    if args.label:
+        result["label"] = args.label
+    return stamp_run_id(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.model is None:
+        from stages.common.default_model import ensure_default_model
+
+        args.model = ensure_default_model()
+    server = ServerUnderTest(args.model, args.tick_ms / 1e3, args.server_args.split())
+    runs: dict[str, list[float]] = {}
+    try:
+        server.wait_ready()
+        asyncio.run(run_phase(server.port, [{"prompt": "warm up", "max_tokens": 4, "stream": True}] * 4, 4))
+        for _ in range(args.repeats):
+            for phase in PHASES:
+                for key, value in measure(server, phase, args).items():
+                    runs.setdefault(key, []).append(value)
+    finally:
+        server.stop()
+    metrics = {key: statistics.median(values) for key, values in runs.items()}
+    for key, value in metrics.items():
+        print(f"{key:28s} {value:10.1f}   (runs: {', '.join(f'{v:.1f}' for v in runs[key])})")
+    if args.out_dir:
+        result = result_json(args, metrics, runs)
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        path = args.out_dir / f"{result['name']}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"-> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

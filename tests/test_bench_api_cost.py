@@ -1,0 +1,34 @@
+"""scripts/bench_api_cost.py: the server's CPU time per streamed frame and per request.
+
+The figures are timings (not checked here); what is checked is what they are divided by: the
+frames counted are every token of every stream (the stand-in engine gives each stream exactly
+--tokens), each server process is found and measured, and the result follows the results schema
+with the protocol and loop the server ran on.
+"""
+
+from __future__ import annotations
+
+import json
+
+from scripts import bench_api_cost as bench
+from scripts.results_model import load_results
+
+
+def test_counts_every_frame_of_every_stream_and_times_each_process(tmp_path, tiny_qwen3_dir):
+    out = tmp_path / "results"
+    argv = ["--model", str(tiny_qwen3_dir), "--streams", "3", "--tokens", "7", "--tick-ms", "5",
+            "--arrivals", "4", "--prompt-tokens", "20", "--concurrency", "2", "--repeats", "2",
+            "--out-dir", str(out), "--name", "final_api_cost_test", "--label", "test"]  # fmt: skip
+    assert bench.main(argv) == 0
+    result = json.loads((out / "final_api_cost_test.json").read_text())
+    metrics = result["metrics"]
+    assert metrics["streams_frames"] == 3 * 7 and metrics["arrivals_requests"] == 4
+    for process in bench.PROCESSES:
+        assert f"{process}_us_per_frame" in metrics and f"{process}_us_per_request" in metrics
+    assert metrics["api_us_per_request"] > 0  # the API process parsed and tokenized something
+    assert len(result["runs"]) == 2 and result["label"] == "test"
+    stack = bench.server_stack()
+    assert result["config"]["http"] == stack["http"] and result["config"]["loop"] == stack["loop"]
+    assert result["versions"]["uvicorn"] == stack["uvicorn"]
+    (loaded,) = load_results(out)  # the schema the docs render from
+    assert loaded.name == "final_api_cost_test"
