@@ -117,6 +117,7 @@ docs-gen: setup
 	$(BIN)/python scripts/render_profile.py
 	$(BIN)/python scripts/draw_overlap_timeline.py
 	$(BIN)/python scripts/draw_sketches.py
+	$(BIN)/python scripts/docs_numbers.py README.md
 
 # The site in build/site: open build/site/index.html (file:// works), or make docs-serve.
 docs: docs-gen docs-assets notebooks-run

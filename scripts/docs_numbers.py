@@ -31,19 +31,39 @@ Text inside a macro is scanned for typed numbers like the rest of the page (test
 
 A name is a result's `name` (benchmarks/results/**) or a profile's path under benchmarks/profiles
 without `.json` (`h200/stage06_decode_step_b64_cuda`).
+
+Files that mkdocs does not build (README.md) cannot run a macro when they are read, so their
+figures live in a *numbers block*: a template in an HTML comment, and after it the text that
+`make docs-gen` writes from the template (`python scripts/docs_numbers.py README.md`):
+
+    <!-- numbers: template (...)
+    final/ serves {{ fmt(value("versus_minisgl_h200", "offline_final") / 1000, 1) }}k tok/s ...
+    -->
+
+    final/ serves 21.2k tok/s ...
+
+    <!-- /numbers -->
+
+`--check` exits 1 when a file's text differs from its template's expansion (the results changed
+or someone edited the text), and tests/test_docs_numbers.py fails the same way.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import functools
 import re
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scripts import render_profile
-from scripts.results_model import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `scripts` importable
+
+from scripts import render_profile  # noqa: E402
+from scripts.results_model import (  # noqa: E402
     Result,
     ResultError,
     device_of,
@@ -339,3 +359,95 @@ def _load(root: Path, stamp: tuple[tuple[str, float], ...]) -> Numbers:
         raise NumbersError(str(exc)) from None
     profiles = render_profile.load_profiles(root) if (root / PROFILES_DIR).is_dir() else {}
     return Numbers(results, profiles)
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers blocks: figures in files that mkdocs does not build (README.md)
+
+
+BLOCK = re.compile(
+    r"(?P<head><!-- numbers: template[^\n]*\n(?P<template>.*?)\n-->\n)\n(?P<text>.*?)\n\n(?P<end><!-- /numbers -->)",
+    re.S,
+)
+
+
+def render_blocks(text: str, numbers: Numbers, where: str) -> str:
+    """`text` with the text of every numbers block written from its template."""
+
+    def render(match: re.Match[str]) -> str:
+        line = text.count("\n", 0, match.start("template"))
+        # Errors name the file's line: pad the template to where it starts.
+        expanded = expand("\n" * line + match.group("template"), numbers, where)[line:]
+        return f"{match.group('head')}\n{_reflow(expanded)}\n\n{match.group('end')}"
+
+    return BLOCK.sub(render, text)
+
+
+def block_templates(text: str) -> str:
+    """`text` with each numbers block's written text blanked and its template left as plain text
+    (lines kept): what a scan for numbers typed by hand should read."""
+
+    def blank(match: re.Match[str]) -> str:
+        block, start = match.group(0), match.start()
+        opening = block[: block.index("\n")]
+        after = block[match.end("template") - start :]
+        return _spaces(opening) + "\n" + match.group("template") + _spaces(after)
+
+    return BLOCK.sub(blank, text)
+
+
+def _reflow(text: str, width: int = 100) -> str:
+    """Each plain paragraph filled to `width` columns (a macro's number is shorter than the macro,
+    so the template's line breaks leave ragged lines); lists, tables, headings and code as written."""
+    paragraphs = []
+    for paragraph in re.split(r"\n\s*\n", text.strip()):
+        if re.match(r"\s*([-*+]\s|\d+\.\s|[|#>]|```|~~~)", paragraph):
+            paragraphs.append(paragraph)
+        else:
+            paragraphs.append(textwrap.fill(" ".join(paragraph.split()), width, break_long_words=False,
+                                            break_on_hyphens=False))  # fmt: skip
+    return "\n\n".join(paragraphs)
+
+
+def _spaces(text: str) -> str:
+    return re.sub(r"[^\n]", " ", text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write the numbers blocks of files mkdocs does not build.")
+    parser.add_argument("files", nargs="*", default=["README.md"], help="default: README.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a block's text is out of date")
+    parser.add_argument(
+        "--root", type=Path, default=Path(__file__).resolve().parents[1], help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    root = args.root.resolve()
+    try:
+        numbers = Numbers.load(root)
+        stale = []
+        for name in args.files:
+            path = root / name
+            text = path.read_text(encoding="utf-8")
+            if not BLOCK.search(text):
+                print(f"error: {name} has no numbers block", file=sys.stderr)
+                return 2
+            fresh = render_blocks(text, numbers, name)
+            if fresh == text:
+                print(f"same     {name}")
+            elif args.check:
+                stale.append(name)
+                print(f"out of date: {name}")
+            else:
+                path.write_text(fresh, encoding="utf-8", newline="\n")
+                print(f"wrote    {name}")
+    except NumbersError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if stale:
+        print("run make docs-gen", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

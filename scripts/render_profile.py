@@ -10,7 +10,8 @@ calls above and the GPU's kernels below. Stage 05: one decode step eager (top) a
 CUDA graph (bottom), with a zoom into the middle of the step. Stage 06: a run of consecutive steps
 with overlap off (top) and on (bottom), where the gaps in the GPU lane are the host's share.
 final/: a run of consecutive steps with its CUDA graphs and overlap off (top) and as it serves,
-both on (bottom). Under a profile that recorded its kernels (scripts/kernel_breakdown.py), the
+both on (below it), and the served run again on its own time axis (at the bottom), since it is a
+tenth as long. Under a profile that recorded its kernels (scripts/kernel_breakdown.py), the
 fragment adds where the GPU time of a step goes: a table of the kinds of kernel in both runs, and
 the top kernels of the second run in a fold; older profiles render as they did.
 """
@@ -192,11 +193,29 @@ def draw_lanes(ax, mode: dict[str, Any], window: tuple[float, float], kinds_seen
     ax.set_ylim(0, 2)
 
 
+def own_span_ms(mode: dict[str, Any]) -> float:
+    """The time axis one run needs: its host window or its GPU's work, whichever ends later."""
+    return max(mode["step_ms"], mode.get("gpu_idle_ms", 0) + mode["gpu_busy_ms"]) * 1.02
+
+
 def zoom_window(mode: dict[str, Any], width_ms: float) -> tuple[float, float]:
     """`width_ms` around the middle of the step's GPU work (of the step, on a CPU trace)."""
     starts = sorted(s for s, _ in mode["gpu"]) or sorted(s for s, _, _ in mode["host"]) or [0.0]
     middle = starts[len(starts) // 2] / 1000
     return max(0.0, middle - width_ms / 2), max(0.0, middle - width_ms / 2) + width_ms
+
+
+def panels(profile: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The figure's panels, top to bottom, as (mode, label, kind): each run `whole` on the shared
+    time axis; for one step, its `zoom` under it; for a run of steps far shorter than the other
+    (final/ as served against eager and serial), the same run again on its `own` time axis, where
+    its launches and its gaps can be seen."""
+    modes, labels = profile["modes"], STAGE_MODES[stage_of(profile)]
+    if profile.get("steps", 1) == 1:
+        return [row for key, label in labels for row in ((key, label, "whole"), (key, label, "zoom"))]
+    span_ms = max(own_span_ms(m) for m in modes.values())
+    whole = [(key, label, "whole") for key, label in labels]
+    return whole + [(key, label, "own") for key, label in labels if own_span_ms(modes[key]) < span_ms / 4]
 
 
 def plot_profile(profile: dict[str, Any], target: Path) -> None:
@@ -206,35 +225,34 @@ def plot_profile(profile: dict[str, Any], target: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    modes, stage, steps = profile["modes"], stage_of(profile), profile.get("steps", 1)
-    labels = STAGE_MODES[stage]
-    span_ms = (
-        max(max(m["step_ms"], m.get("gpu_idle_ms", 0) + m["gpu_busy_ms"]) for m in modes.values()) * 1.02
-    )
-    zoom = steps == 1  # one step: zoom into its middle; a run of steps shows its gaps whole
+    modes, steps = profile["modes"], profile.get("steps", 1)
+    span_ms = max(own_span_ms(m) for m in modes.values())
     zoom_ms = min(0.4, span_ms)
     # One column, as wide as the book's text column (about 700 px) at a scale that keeps 9-point
-    # labels readable; each mode's zoom goes under its whole step.
-    rows = [(key, label, False) for key, label in labels]
-    if zoom:
-        rows = [row for key, label in labels for row in ((key, label, False), (key, label, True))]
+    # labels readable.
+    rows = panels(profile)
     fig, axes = plt.subplots(len(rows), 1, figsize=(7.2, 1.25 * len(rows) + 1.0), squeeze=False)
     kinds_seen: set[str] = set()
-    for ax, (key, label, is_zoom) in zip(axes[:, 0], rows, strict=True):
+    for ax, (key, label, panel) in zip(axes[:, 0], rows, strict=True):
         mode = modes[key]
-        if is_zoom:
+        if panel == "zoom":
             draw_lanes(ax, mode, zoom_window(mode, zoom_ms), kinds_seen)
             ax.set_title(
                 f"{label}, zoomed: {1000 * zoom_ms:.0f} microseconds mid-step", fontsize=9, loc="left"
             )
             continue
+        if panel == "own":
+            draw_lanes(ax, mode, (0.0, own_span_ms(mode)), kinds_seen)
+            ax.axvline(mode["step_ms"], color="black", lw=0.8, ls="--")
+            ax.set_title(f"{label}, on its own time axis", fontsize=9, loc="left")
+            continue
         draw_lanes(ax, mode, (0.0, span_ms), kinds_seen)
         ax.axvline(mode["step_ms"], color="black", lw=0.8, ls="--")
         ax.set_title(f"{label}: {figure_summary(mode, steps)}", fontsize=9, loc="left")
-    for ax, (_, _, is_zoom) in zip(axes[:, 0], rows, strict=True):
-        ax.set_xlabel("time since the step started (ms)" if is_zoom else "", fontsize=8)
+    for ax, (_, _, panel) in zip(axes[:, 0], rows, strict=True):
+        ax.set_xlabel("time since the step started (ms)" if panel == "zoom" else "", fontsize=8)
     ends = "the step ends" if steps == 1 else f"the host is done with {steps} steps"
-    whole = [ax for ax, (_, _, is_zoom) in zip(axes[:, 0], rows, strict=True) if not is_zoom]
+    whole = [ax for ax, (_, _, panel) in zip(axes[:, 0], rows, strict=True) if panel != "zoom"]
     whole[-1].set_xlabel(
         f"time since the {'step' if steps == 1 else 'first step'} started (ms); dashed: {ends}", fontsize=8
     )

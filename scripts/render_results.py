@@ -148,14 +148,28 @@ def workload_table(workload: str, device: str, rows: list[Result]) -> list[str]:
     varying, common = varying_config(rows)
     keys = key_metrics(workload, rows)
     spreads = any(r.runs for r in rows)
+    # Rows of different days may be different engines (a commit between them): the day is shown.
+    dated = len({r.timestamp[:10] for r in rows}) > 1
     out = [f"### {device} · `{workload}`", ""]
     out += table(
-        ["Run", *(metric_label(m) for m in keys)],
-        ["---", *(["---:"] * len(keys))],
-        [[short_label(r) + (DIRTY_MARK if dirty(r) else ""), *(key_cell(r, m) for m in keys)] for r in rows],
+        ["Run", *(["measured"] if dated else []), *(metric_label(m) for m in keys)],
+        ["---", *(["---"] if dated else []), *(["---:"] * len(keys))],
+        [
+            [
+                short_label(r) + (DIRTY_MARK if dirty(r) else ""),
+                *([r.timestamp[:10]] if dated else []),
+                *(key_cell(r, m) for m in keys),
+            ]
+            for r in rows
+        ],
     )
     out.append("")
     notes = []
+    if dated:
+        notes.append(
+            "The rows were measured on different days, and the engine may have changed in between: "
+            "compare rows of one day."
+        )
     if spreads:
         notes.append("Each cell is the median over the repeats, with the lowest and highest in brackets.")
     if varying:

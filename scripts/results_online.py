@@ -10,6 +10,7 @@ full scale is shown; nothing typed by hand, and a GPU with no such call says so.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -129,6 +130,12 @@ def _smoothness(call: dict[str, dict[str, Result]], rates: list[str]) -> list[st
     return lines
 
 
+def _few_minor(value: float, _position: int) -> str:
+    """A minor tick of a log axis labelled at 2, 3 and 5 times a power of ten, else left bare."""
+    mantissa = value / 10 ** math.floor(math.log10(value))
+    return f"{value:g}" if round(mantissa, 6) in (2.0, 3.0, 5.0) else ""
+
+
 def plot(results: list[Result], target: Path) -> bool:
     """TTFT p50 and the share of bursts against the rate, a line per server, a row of panels per GPU;
     False (and no file) when no call has both servers. Not ITL p50: a burst of tokens microseconds
@@ -154,10 +161,16 @@ def plot(results: list[Result], target: Path) -> bool:
                 if points:
                     ax.plot(*zip(*points, strict=True), marker=marker, color=color, label=name)
             ax.set_xticks(range(len(labels)), [("saturation" if r == "inf" else r) for r in labels])
-            if log:
+            from matplotlib.ticker import FuncFormatter
+
+            if log:  # plain numbers on the log axis (20, 30, 50, not 2 x 10^1), a few per decade
                 ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(FuncFormatter(_few_minor))
             else:  # the goal below saturation (issue 27): at most 5% of the gaps
-                ax.set_ylim(0, 1)
+                shares = [y for line in ax.get_lines() for y in line.get_ydata()]
+                ax.set_ylim(0, max(2 * BURST_LIMIT, 1.2 * max(shares, default=0)))
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:.0f}%"))
                 ax.axhline(
                     BURST_LIMIT, color="#c0504d", linestyle="--", linewidth=1, label="goal: at most 5%"
                 )
@@ -166,6 +179,7 @@ def plot(results: list[Result], target: Path) -> bool:
             ax.set_title(f"{device} · {title}", loc="left", fontweight="bold")
             ax.grid(alpha=0.3)
         row[0].legend(fontsize=8)
+        row[1].legend(handles=row[1].get_lines()[-1:], fontsize=8, loc="upper left")  # the goal's line
     fig.tight_layout()
     _save(fig, target)
     plt.close(fig)

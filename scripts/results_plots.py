@@ -149,15 +149,23 @@ def _bars(ax, rows: list[Result], metrics: list[str]) -> None:
         has_err = any(errs[0]) or any(errs[1])
         ax.barh(ys, xs, height=height * 0.9, color=COLORS[j % len(COLORS)], label=label,
                 xerr=errs if has_err else None, error_kw={"elinewidth": 0.8, "capsize": 2})  # fmt: skip
-        for y, x in zip(ys, xs, strict=True):
+        for y, x, above in zip(ys, xs, errs[1], strict=True):  # the label right of the whisker
             ax.annotate(
-                format_metric(x), (x, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7
+                format_metric(x),
+                (x + above, y),
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
             )
     _bar_axis(ax, rows, values, log)
-    ax.set_xlabel(_axis_label(split_unit(metrics[0])[1], log))
+    if len(metrics) == 1:  # one metric: its name and unit ("step (ms)"), not the unit alone
+        ax.set_xlabel(metric_label(metrics[0]) + (", log scale" if log else ""))
+    else:
+        ax.set_xlabel(_axis_label(split_unit(metrics[0])[1], log))
     ax.grid(axis="x", alpha=0.3)
     if len(metrics) > 1:
-        ax.legend(loc="lower right", fontsize=7, frameon=True)
+        ax.legend(loc="best", fontsize=7, frameon=True)
 
 
 def _bar_axis(ax, rows: list[Result], values: list[float], log: bool) -> None:
@@ -187,8 +195,8 @@ def _variant_bars(ax, rows: list[Result], metric: str, kinds: list[str], height:
         ax.barh(
             i, value, height=height * 0.9, color=color, xerr=err, error_kw={"elinewidth": 0.8, "capsize": 2}
         )
-        ax.annotate(format_metric(value), (value, i), xytext=(3, 0), textcoords="offset points", va="center",
-                    fontsize=7)  # fmt: skip
+        ax.annotate(format_metric(value), (max(value, high), i), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=7)  # fmt: skip
     _bar_axis(ax, rows, values, log)
     ax.set_xlabel(metric_label(metric) + (", log scale" if log else ""))
     ax.grid(axis="x", alpha=0.3)

@@ -6,7 +6,10 @@
 - no page types a number that looks measured (a time, a throughput, a ratio, a size, a share, a
   count of kernels) outside a macro, except the entries of `ALLOWED`: numbers that are not
   measurements (model shapes and the arithmetic on them, a datasheet figure with its source
-  linked, a goal, a setting), each with the reason it may stand.
+  linked, a goal, a setting), each with the reason it may stand. The scan reads the book's pages,
+  the notebooks' markdown cells, README.md and benchmarks/README.md;
+- README.md, which mkdocs does not build, quotes its figures from numbers blocks, and its text is
+  what their templates give against the committed results (`make docs-gen` writes it).
 """
 
 from __future__ import annotations
@@ -25,11 +28,36 @@ sys.path.insert(0, str(ROOT))
 from scripts import docs_numbers, mkdocs_hooks  # noqa: E402
 
 PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "generated" not in p.parts)
+# Read by people but not built by mkdocs: their figures come from numbers blocks (README.md) or
+# are not measurements at all (benchmarks/README.md's schema example is code).
+READMES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+NOTEBOOKS = sorted((ROOT / "docs" / "notebooks").glob("[0-9][0-9]_*.py"))
+
+
+def prose_source(path: Path) -> str:
+    """What a reader reads of a file, as Markdown, lines kept: a notebook's markdown cells (its code
+    computes what it prints), a README's text with each numbers block's template in place of the
+    text written from it."""
+    text = path.read_text("utf-8")
+    if path.suffix == ".py":
+        lines, markdown = [], False
+        for line in text.splitlines():
+            if line.startswith("# %%"):
+                markdown = "[markdown]" in line
+                lines.append("")
+            else:
+                lines.append(line.removeprefix("# ").removeprefix("#") if markdown else "")
+        return "\n".join(lines)
+    return docs_numbers.block_templates(text)
+
+
+SCANNED = PAGES + READMES + NOTEBOOKS
 
 # What a measured number looks like: a number with a unit of time, throughput, size or share, a
 # ratio (`1.28×`, `8.6x`), `18.9k`, "4.5 times", a count of kernels, launches or operators, or
 # seconds with decimals (`5.9 s`; whole seconds are timeouts and settings).
-NUMBER = r"(?<![\w.\-/])\d[\d,]*(?:\.\d+)?"
+# (A comma groups thousands only: "step N+1, launches it" holds no count of launches.)
+NUMBER = r"(?<![\w.\-/])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 MEASURED = re.compile(
     NUMBER
     + r"(?:\s?(?:ms|µs|us|tok/s|tokens/s|(?:output )?tokens (?:per|a) second|GB|GiB|MB|MiB|KB|TB/s|GB/s|%)(?![\w/])"
@@ -48,6 +76,8 @@ SETTING = "a setting or a constant of the code, not a measurement"
 WORKLOAD = "arithmetic on the workload's counts, not a measurement"
 QUOTED = "quoted from the project's design notes in the box that says so (no result file holds it)"
 ALLOWED: list[tuple[str, str, str]] = [
+    ("docs/notebooks/01_naive_generate.py", "so the KV cache is 3x smaller", SHAPE),
+    ("docs/notebooks/04_chunked_prefill.py", "one long gap among hundreds is under 1 %", WORKLOAD),
     ("docs/serving/kv_fp8.md", "(at -4.65, 3.7% of it)",
      "a GPU test's failure message (benchmarks/logs/h100-2026-11-25/test-kv-fp8.log), not a benchmark"),
     ("docs/serving/kv_fp8.md", "0.1 plus 5% of the logprob", "the test's bound, XQA_FP8_RTOL in tests/test_final_gpu_kv_fp8.py"),
@@ -182,9 +212,7 @@ def findings(page: str, text: str) -> list[str]:
 
 
 def test_no_page_types_a_measured_number_by_hand() -> None:
-    found = [
-        f for page in PAGES for f in findings(page.relative_to(ROOT).as_posix(), page.read_text("utf-8"))
-    ]
+    found = [f for page in SCANNED for f in findings(page.relative_to(ROOT).as_posix(), prose_source(page))]
     assert not found, (
         "numbers that look measured, typed by hand (use a {{ result(...) }} macro, see "
         "scripts/docs_numbers.py, or add a reasoned entry to ALLOWED):\n" + "\n".join(found)
@@ -215,8 +243,8 @@ def test_an_allowed_phrase_lets_its_number_stand_on_its_page_only(monkeypatch) -
 def test_every_allowed_phrase_is_still_on_its_pages() -> None:
     """An entry whose phrase no page has any more is dead weight that could hide a new number."""
     texts = {
-        p.relative_to(ROOT).as_posix(): " ".join(masked(macro_texts(p.read_text("utf-8"))).split())
-        for p in PAGES
+        p.relative_to(ROOT).as_posix(): " ".join(masked(macro_texts(prose_source(p))).split())
+        for p in SCANNED
     }
     dead = [(glob, phrase) for glob, phrase, _ in ALLOWED
             if not any(fnmatch.fnmatch(page, glob) and phrase in text for page, text in texts.items())]  # fmt: skip
@@ -337,3 +365,53 @@ def test_chapter_04_reads_right_before_and_after_the_h200_run(tmp_path) -> None:
     assert "made before the harness reported the worst gap" in before
     assert "`mixed 8192` (the median of three runs)" in after and "`prefill first 8192`" in after
     assert "Read their worst gap" in after and "made before the harness" not in after
+
+
+# ---------------------------------------------------------------------------------------------
+# README.md: figures in a numbers block, written from its template by `make docs-gen`
+
+
+def test_the_readme_says_what_the_results_say(numbers) -> None:
+    """README.md is not built by mkdocs, so its figures are written into it from the template of
+    its numbers block; a result that changed, or a figure edited by hand, leaves it stale."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    blocks = list(docs_numbers.BLOCK.finditer(readme))
+    assert blocks and any("versus_minisgl_h200" in b.group("template") for b in blocks)
+    assert all(docs_numbers.macros(b.group("template")) for b in blocks), "a block without a macro"
+    fresh = docs_numbers.render_blocks(readme, numbers, "README.md")
+    assert fresh == readme, "README.md's numbers blocks are out of date: run make docs-gen"
+
+
+def test_a_numbers_block_is_written_from_its_template(numbers) -> None:
+    name = "versus_minisgl_h200"
+    step = numbers.results[name].metrics["latency_final"]
+    text = (
+        "# Title\n\n<!-- numbers: template (edit here)\n"
+        f'The step takes {{{{ result("{name}", "latency_final") }}}} ms\non one H200.\n-->\n\n'
+        "The step takes 9.99 ms on one H200.\n\n<!-- /numbers -->\n\nAfter.\n"
+    )
+    fresh = docs_numbers.render_blocks(text, numbers, "x.md")
+    assert fresh.endswith(
+        f"-->\n\nThe step takes {step:.2f} ms on one H200.\n\n<!-- /numbers -->\n\nAfter.\n"
+    )
+    assert docs_numbers.render_blocks(fresh, numbers, "x.md") == fresh
+    # The scan reads the template (where a typed number would be found) and not the written text.
+    scanned = docs_numbers.block_templates(text)
+    assert scanned.count("\n") == text.count("\n") and "9.99" not in scanned and "result(" in scanned
+    assert findings("x.md", scanned) == []
+    assert [f.split("'")[1] for f in findings("x.md", scanned.replace("{{", "9.99 ms {{", 1))] == ["9.99 ms"]
+    with pytest.raises(docs_numbers.NumbersError, match=r"x.md:4: .*no result named 'gone'"):
+        docs_numbers.render_blocks(text.replace(name, "gone"), numbers, "x.md")
+
+
+def test_the_script_checks_and_writes_the_blocks(tmp_path, capsys) -> None:
+    import shutil
+
+    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    readme = (ROOT / "README.md").read_text("utf-8")
+    stale = docs_numbers.BLOCK.sub(lambda m: m.group("head") + "\nstale\n\n" + m.group("end"), readme)
+    (tmp_path / "README.md").write_text(stale)
+    assert docs_numbers.main(["--check", "--root", str(tmp_path), "README.md"]) == 1
+    assert docs_numbers.main(["--root", str(tmp_path), "README.md"]) == 0
+    assert (tmp_path / "README.md").read_text() == readme
+    assert docs_numbers.main(["--check", "--root", str(tmp_path), "README.md"]) == 0

@@ -437,3 +437,18 @@ def test_a_run_of_steps_is_done_when_the_gpu_is():
     assert render_profile.steps_done_ms(serial) == pytest.approx(77.45)
     line = render_profile.summary(overlapped, steps=8)
     assert line.startswith("8 steps done in 53.18 ms (6.65 ms a step; the host's window 47.87 ms)")
+
+
+def test_a_run_far_shorter_than_the_other_gets_a_panel_on_its_own_axis():
+    """final/ as served takes a tenth of its eager, serial run: on their shared axis its graph
+    launches and gaps are a few pixels, so it is drawn again on its own axis. Stage 06's two runs
+    are of one order and share theirs; a single step gets its zoom instead."""
+    profiles = render_profile.load_profiles(ROOT)
+    final = next(p for name, p in profiles.items() if name.endswith("final_decode_step_b1_cuda"))
+    assert [(key, kind) for key, _, kind in render_profile.panels(final)] == [
+        ("eager_serial", "whole"), ("served", "whole"), ("served", "own"),
+    ]  # fmt: skip
+    stage06 = profiles["h200/stage06_decode_step_b64_cuda"]
+    assert [kind for _, _, kind in render_profile.panels(stage06)] == ["whole", "whole"]
+    stage05 = profiles["h200/stage05_decode_step_b1_cuda"]
+    assert [kind for _, _, kind in render_profile.panels(stage05)] == ["whole", "zoom", "whole", "zoom"]

@@ -139,6 +139,29 @@ def test_cpu_and_gpu_never_share_a_table_or_a_panel(tmp_path: Path) -> None:
     ]
 
 
+def test_rows_of_different_days_show_their_day(tmp_path: Path) -> None:
+    """Two results of one table measured days apart may be two engines (the Metrics page's final/
+    rows of 2026-11-23 and 2026-11-25): the table says each row's day; rows of one day do not."""
+    root = make_repo(tmp_path)
+    write(root, "a.json", result("stage02_offline_cpu", stage="02_paged_kv"))
+    write(
+        root,
+        "b.json",
+        result("stage02_offline_serial_cpu", stage="02_paged_kv", timestamp="2025-01-02T09:00:00Z"),
+    )
+    page = rr.render_markdown(root)[Path("docs/generated/results_stage02.md")]
+    assert "| Run | output (tok/s) | TTFT p50 (ms) |" in page and "measured on different days" not in page
+    write(
+        root,
+        "b.json",
+        result("stage02_offline_serial_cpu", stage="02_paged_kv", timestamp="2025-01-05T09:00:00Z"),
+    )
+    page = rr.render_markdown(root)[Path("docs/generated/results_stage02.md")]
+    assert "| Run | measured | output (tok/s) | TTFT p50 (ms) |" in page
+    assert "| stage 02 | 2025-01-02 | 1,235 |" in page and "| serial | 2025-01-05 | 1,235 |" in page
+    assert "measured on different days" in page
+
+
 def test_repeats_show_their_spread_and_long_prompt_reads_the_worst_gap(tmp_path: Path) -> None:
     root = make_repo(tmp_path, ("04_chunked_prefill",))
     metrics = {

@@ -6,9 +6,11 @@ here) is served on loopback, and every page is opened in headless Chromium from 
 no uncaught exception, no failed or 4xx request, no request that leaves loopback (each is
 blocked and reported: the book must read offline), every image loaded, every internal link
 pointing at a file of the site; no text that shows the build machine (a path under /root/,
-/home/, /work/ or a site-packages folder), no formula left as raw TeX, no diagram left as Mermaid
-source, no image wider than its column, and every plot and profile figure as wide as its column
-(scaled down to half, its labels are unreadable). Then the things that break first offline:
+/home/, /work/, a site-packages folder or a virtualenv's absolute path anywhere, a /tmp/ folder in
+the prose or a notebook's output, where commands the book gives may name one), no formula left
+as raw TeX and no diagram left as Mermaid source (in their elements, or as TeX or Mermaid text in
+the prose), no image wider than its column, and every plot and profile figure as wide as its
+column (scaled down to half, its labels are unreadable). Then the things that break first offline:
 formulas typeset by the shipped MathJax, diagrams drawn by the shipped Mermaid, search finding
 "radix" (over HTTP and from file://, as the README's "open build/site/index.html" does).
 Screenshots of the home page, chapters 04 to 07, the Performance page and the results page go to
@@ -22,6 +24,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -145,7 +148,27 @@ def open_page(page, url: str) -> None:
     page.wait_for_load_state("networkidle")
 
 
-MACHINE_PATHS = ("/root/", "/home/", "/work/", "site-packages")
+# Paths of the build machine, anywhere on a page: a home, a work tree, a virtualenv by its absolute
+# path (`/x/.venv/lib/...`; the docs' `. .venv/bin/activate` is relative), an installed package.
+MACHINE_PATHS = ("/root/", "/home/", "/work/", "site-packages", "/.venv/")
+# Paths a page may show in a command the book gives (`--out /tmp/tp`), but never in its prose or in
+# a notebook's output, where they are the build machine's (a temporary folder it printed).
+PROSE_PATHS = ("/tmp/",)
+# Text that MathJax or Mermaid should have drawn, found in a page's prose: TeX's delimiters and
+# commands, and the first words of a Mermaid diagram.
+RAW_TEX = re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$|\\(?:frac|cdot|times|mathrm|text|sum|approx|le|ge)\b")
+RAW_MERMAID = re.compile(
+    r"^\s*(?:flowchart|graph) (?:TB|TD|BT|LR|RL)\b|^\s*(?:sequenceDiagram|gantt|classDiagram)\b", re.M
+)
+# A page's prose: its text without the code the book shows (kept: a notebook's outputs, which the
+# build machine wrote), without scripts, styles and what MathJax drew.
+PROSE_JS = """() => {
+    const copy = document.body.cloneNode(true);
+    copy.querySelectorAll('script, style, mjx-container, svg').forEach(e => e.remove());
+    copy.querySelectorAll('pre, code').forEach(e => { if (!e.closest('.jp-OutputArea')) e.remove(); });
+    copy.querySelectorAll('.jp-InputArea').forEach(e => e.remove());
+    return copy.textContent;
+}"""
 
 
 def wait_for_typesetting(page) -> None:
@@ -164,16 +187,28 @@ def reader_problems(page, name: str) -> list[str]:
             problems.append(
                 f"{name}: shows a path of the build machine: ...{text[max(0, at - 60) : at + 60]!r}..."
             )
+    prose = page.evaluate(PROSE_JS)
+    for path in PROSE_PATHS:
+        if path in prose:
+            at = prose.index(path)
+            problems.append(
+                f"{name}: shows a path of the build machine: ...{' '.join(prose[max(0, at - 60) : at + 60].split())!r}..."
+            )
+    for pattern, what in ((RAW_TEX, "raw TeX"), (RAW_MERMAID, "Mermaid source")):
+        for match in pattern.finditer(prose):
+            context = " ".join(prose[max(0, match.start() - 40) : match.end() + 40].split())
+            problems.append(f"{name}: {what} in the text: ...{context!r}...")
     raw_tex = page.eval_on_selector_all(
         ".arithmatex",
         "els => els.filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 60))",
     )
     problems += [f"{name}: a formula left as raw TeX: {tex!r}" for tex in raw_tex]
     raw_mermaid = page.eval_on_selector_all(
-        "pre.mermaid, div.mermaid",
+        "pre.mermaid, div.mermaid, code.language-mermaid",
         # Material draws into a closed shadow root: a drawn diagram shows no text of its own, while
-        # one left as source is a <pre> still, or a <div> whose text is the source.
-        "els => els.filter(e => e.tagName === 'PRE' || (e.innerText.trim() !== '' && !e.querySelector('svg')))"
+        # one left as source is a <pre> still, or a <div> whose text is the source; a fence that
+        # was not taken for a diagram is code in the language `mermaid`.
+        "els => els.filter(e => e.tagName !== 'DIV' || (e.innerText.trim() !== '' && !e.querySelector('svg')))"
         ".map(e => e.textContent.slice(0, 60))",
     )
     problems += [f"{name}: a diagram left as Mermaid source: {src!r}" for src in raw_mermaid]
@@ -290,6 +325,25 @@ def test_the_checks_see_a_machine_path_raw_tex_and_a_clipped_image(browser, tmp_
         "<img src='assets/plots/p.png' style='width: 100px'>"
         "</article></body></html>"
     )
+    # Each of the other checks alone, and what they must let stand: a command's /tmp/ folder, a
+    # relative .venv, a formula MathJax drew.
+    (tmp_path / "quiet.html").write_text(
+        "<html><body><article style='width: 600px'>"
+        "<p>Run <code>. .venv/bin/activate</code>, then</p><pre><code>bench --out /tmp/tp</code></pre>"
+        "<span class='arithmatex'><mjx-container>x</mjx-container></span>"
+        "</article></body></html>"
+    )
+    one_each = {
+        "a temporary folder in the prose": "<p>Saved to /tmp/tmpa1b2c3/out.json.</p>",
+        "a temporary folder in a notebook's output": "<div class='jp-OutputArea'><pre>wrote /tmp/tmpx9/a</pre></div>",
+        "a virtualenv in a warning": "<p>TqdmWarning: /opt/x/.venv/lib/python3.12/tqdm/auto.py:21</p>",
+        "TeX outside a formula": "<p>The cost is $$ 2 \\times L $$ per step.</p>",
+        "a Mermaid fence left as code": "<pre><code class='language-mermaid'>flowchart LR\n a --> b</code></pre>",
+    }
+    for k, body in enumerate(one_each.values()):
+        (tmp_path / f"one{k}.html").write_text(
+            f"<html><body><article style='width: 600px'>{body}</article></body></html>"
+        )
     (tmp_path / "assets" / "plots").mkdir(parents=True)
     (tmp_path / "assets" / "plots" / "p.png").write_bytes(_png(800))
     context = browser.new_context()
@@ -300,6 +354,21 @@ def test_the_checks_see_a_machine_path_raw_tex_and_a_clipped_image(browser, tmp_
     for expected in ("path of the build machine", "raw TeX", "Mermaid source", "wider than its column",
                      "shown 100 px wide"):  # fmt: skip
         assert expected in found, found
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto((tmp_path / "quiet.html").as_uri(), wait_until="load")
+    assert reader_problems(page, "quiet.html") == []
+    seen = {}
+    for k, what in enumerate(one_each):
+        page.goto((tmp_path / f"one{k}.html").as_uri(), wait_until="load")
+        seen[what] = reader_problems(page, what)
+    context.close()
+    kinds = {"a temporary folder in the prose": "path of the build machine",
+             "a temporary folder in a notebook's output": "path of the build machine",
+             "a virtualenv in a warning": "path of the build machine",
+             "TeX outside a formula": "raw TeX in the text", "a Mermaid fence left as code": "Mermaid source"}  # fmt: skip
+    for what, kind in kinds.items():
+        assert seen[what] and all(kind in found for found in seen[what]), (what, seen[what])
 
 
 def _png(width: int) -> bytes:
