@@ -16,9 +16,9 @@ read from /proc through psutil before and after, so that other work on the machi
 itself, on a small box) changes the figures little:
 
 - `streams`: --streams concurrent streamed completions of --tokens tokens each, short prompts:
-  the per-frame cost (`api_us_per_frame`, `detok_us_per_frame`, `engine_us_per_frame`);
+  the per-frame cost (`api_frame_us`, `detok_frame_us`, `engine_frame_us`);
 - `arrivals`: --arrivals streamed completions of one token, prompts of --prompt-tokens tokens of
-  text, sent --concurrency at a time: the per-request cost (`api_us_per_request`, ...): parsing,
+  text, sent --concurrency at a time: the per-request cost (`api_request_us`, ...): parsing,
   tokenizing, admission, the response's start and end.
 
 A figure is the median over --repeats runs of the phase. The client is a bare asyncio HTTP/1.1
@@ -166,7 +166,7 @@ def measure(server: ServerUnderTest, phase: str, args: argparse.Namespace) -> di
     frames = asyncio.run(run_phase(server.port, bodies, concurrency))
     wall, after = time.perf_counter() - start, server.cpu_seconds()
     count = frames if per == "frame" else len(bodies)
-    out = {f"{role}_us_per_{per}": (after[role] - before[role]) / count * 1e6 for role in before}
+    out = {f"{role}_{per}_us": (after[role] - before[role]) / count * 1e6 for role in before}
     out[f"{phase}_wall_s"] = wall
     out[f"{phase}_{per}s"] = count
     if phase == "streams":  # how far behind the stand-in's clock the whole phase ran
@@ -219,7 +219,7 @@ def result_json(args: argparse.Namespace, metrics: dict[str, float], runs: dict[
         "model": Path(args.model).name, "http": stack["http"], "loop": stack["loop"],
         "server_args": args.server_args,
     }  # fmt: skip
-    keys = [k for k in metrics if "_us_per_" in k] + [k for k in metrics if "_us_per_" not in k]
+    keys = [k for k in metrics if k.endswith("_us")] + [k for k in metrics if not k.endswith("_us")]
     result = {
         "name": args.name or f"final_api_cost_{device}",
         "stage": "final",

@@ -73,6 +73,10 @@
 #   graph-launch  final/'s CUDA graph launches as it serves, without a profiler: the host's time in
 #                 each and the share that found the GPU drained (scripts/bench_graph_launch.py), batch
 #                 1 and 64, into logs/graph_launch.json: is the batch-1 idle the launch? (needs ckpt)
+#   api-cost      the server's CPU time per streamed frame and per request on this host's CPU, process
+#                 by process (scripts/bench_api_cost.py: the real server over a stand-in engine with a
+#                 5 ms step; about a minute), into final_api_cost_<gpu>.json: can the API process
+#                 write the frames per second of the online table? (needs ckpt, for its tokenizer)
 #   host-step     the host's CPU time per decode step of final/, by phase, at batch 64 and 256 on this
 #                 host's CPU (scripts/bench_host_step.py: the GPU's parts stood in; the GPU is idle),
 #                 table in the log, JSON in logs/host_step.json: does the host set the pace?
@@ -309,6 +313,7 @@ run_step() {
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_versus.py --model $ckpt --out $results \
         --gpu $gpu --repeats "${VERSUS_REPEATS:-3}" ${VERSUS_BASE:+--base "$VERSUS_BASE"}
       ;;
+    api-cost) $py -m scripts.bench_api_cost --model $ckpt --tick-ms 5 --out-dir $results --name final_api_cost_$gpu ;;
     host-step) $py scripts/bench_host_step.py --steps 200 --json "$out/logs/host_step.json" ;;
     graph-launch) $py scripts/bench_graph_launch.py --model $ckpt --batch 1 64 --json "$out/logs/graph_launch.json" ;;
     test-kv-fp8) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kv_fp8.py ;;

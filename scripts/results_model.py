@@ -223,12 +223,13 @@ KEY_METRICS: dict[str, tuple[str, ...]] = {
                     "long_ttft_ms_p50", "output_tok_per_s"),
     "online": ("output_tok_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99"),
     "decode-profile": ("step_ms", "gpu_busy_ms_per_step", "cuda_kernels_per_step", "aten_ops_per_step"),
+    "api-cost": ("api_frame_us", "detok_frame_us", "engine_frame_us", "api_request_us"),
     "tp-collectives": ("step_ms", "collective_ms_per_step", "collective_share", "all_reduce_per_step",
                        "all_reduce_us_each"),
 }  # fmt: skip
 DEFAULT_KEY_METRICS = 4
 UNITS = (("_tok_per_s", "tok/s"), ("_ms", "ms"), ("_us", "µs"), ("_gb", "GB"), ("_s", "s"))
-WORDS = {"itl": "ITL", "ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "p999": "p99.9", "tok": "tokens"}
+WORDS = {"api": "API", "detok": "detokenizer", "itl": "ITL", "ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "p999": "p99.9", "tok": "tokens"}
 
 
 def split_unit(metric: str) -> tuple[str, str | None]:

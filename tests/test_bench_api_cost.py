@@ -24,8 +24,8 @@ def test_counts_every_frame_of_every_stream_and_times_each_process(tmp_path, tin
     metrics = result["metrics"]
     assert metrics["streams_frames"] == 3 * 7 and metrics["arrivals_requests"] == 4
     for process in bench.PROCESSES:
-        assert f"{process}_us_per_frame" in metrics and f"{process}_us_per_request" in metrics
-    assert metrics["api_us_per_request"] > 0  # the API process parsed and tokenized something
+        assert f"{process}_frame_us" in metrics and f"{process}_request_us" in metrics
+    assert metrics["api_request_us"] > 0  # the API process parsed and tokenized something
     assert len(result["runs"]) == 2 and result["label"] == "test"
     stack = bench.server_stack()
     assert result["config"]["http"] == stack["http"] and result["config"]["loop"] == stack["loop"]
