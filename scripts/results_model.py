@@ -229,7 +229,16 @@ KEY_METRICS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 DEFAULT_KEY_METRICS = 4
 UNITS = (("_tok_per_s", "tok/s"), ("_ms", "ms"), ("_us", "µs"), ("_gb", "GB"), ("_s", "s"))
-WORDS = {"api": "API", "detok": "detokenizer", "itl": "ITL", "ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "p999": "p99.9", "tok": "tokens"}
+WORDS = {
+    "api": "API",
+    "detok": "detokenizer",
+    "itl": "ITL",
+    "ttft": "TTFT",
+    "tpot": "TPOT",
+    "e2e": "E2E",
+    "p999": "p99.9",
+    "tok": "tokens",
+}
 
 
 def split_unit(metric: str) -> tuple[str, str | None]:
