@@ -80,6 +80,9 @@
 #   host-step     the host's CPU time per decode step of final/, by phase, at batch 64 and 256 on this
 #                 host's CPU (scripts/bench_host_step.py: the GPU's parts stood in; the GPU is idle),
 #                 table in the log, JSON in logs/host_step.json: does the host set the pace?
+#   kv-fp8-bound  the FP8 KV cache where the cache limits the batch: 256 prompts of 2k-4k tokens, 512
+#                 output tokens each, at kv-fp8-speed's small --memory-ratio (bf16 holds about 100 of
+#                 them at once, FP8 twice as many), bf16 then FP8; about 2 minutes on an H200
 #   kv-fp8        the FP8 KV cache (issue 32), its four parts below, about 8 minutes on an H200 whose
 #                 FlashInfer cache (.fiws-cache) has the bf16 kernels; needs ckpt, and the model kit
 #                 for the default model. Results kv_*_<gpu>.json, rendered on docs/serving/kv_fp8.md
@@ -348,6 +351,16 @@ run_step() {
           --name kv_long_context_${tag}_$gpu
         bench --engine final --workload long-context "${args[@]}" --engine-arg cuda_graph_max_bs=64 \
           --engine-arg memory_ratio=$small --name kv_long_context_small_${tag}_$gpu
+      done
+      ;;
+    kv-fp8-bound)  # a workload whose batch the KV cache limits: FP8's room as throughput (issue 32)
+      local kv tag small=${KV_FP8_SMALL_RATIO:-$([ "$gpu" = h100 ] && echo 0.53 || echo 0.32)}
+      for kv in bf16 fp8_e4m3; do
+        tag=${kv%%_*}
+        bench --engine final --workload long-context --engine-arg attn=fi --engine-arg page_size=16 \
+          --engine-arg kv_cache_dtype=$kv --engine-arg memory_ratio=$small --engine-arg cuda_graph_max_bs=256 \
+          --workload-arg num_requests=256 --workload-arg min_len=2048 --workload-arg max_len=4096 \
+          --workload-arg output_len=512 --name kv_capacity_bound_${tag}_$gpu
       done
       ;;
     *) echo "unknown step $1"; return 2 ;;
