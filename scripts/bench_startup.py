@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.stages import list_stages  # noqa: E402
+from scripts.stage_contract import list_stages  # noqa: E402
 
 # One real run of stage 01, phase by phase, in a fresh process; prints the phases as JSON.
 PHASES = """

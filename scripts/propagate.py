@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.stages import (  # noqa: E402
+from scripts.stage_contract import (  # noqa: E402
     IMPLICIT_CHANGED,
     ROOT,
     STAGE_DIR_RE,

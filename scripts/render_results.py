@@ -65,7 +65,7 @@ from scripts.results_model import (  # noqa: E402, F401  (re-exported: the tests
     spread,
     varying_config,
 )
-from scripts.stages import ROOT, list_stages  # noqa: E402
+from scripts.stage_contract import ROOT, list_stages  # noqa: E402
 
 RESULTS_DIR = Path("benchmarks/results")
 GENERATED_DIR = Path("docs/generated")

@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from scripts import propagate, render_diffs  # noqa: E402
-from scripts import stages as contract  # noqa: E402
+from scripts import stage_contract as contract  # noqa: E402
 
 STAGES = contract.list_stages(ROOT)
 PAIRS = contract.stage_pairs(ROOT)
