@@ -1,8 +1,8 @@
 """Build a stage yourself: a copy of the stage with the code its chapter teaches stubbed out.
 
-    python scripts/exercise.py 03                  # writes exercises/03_radix_cache/, lists the stubs
-    python scripts/exercise.py 03 --check          # the stage's CPU tests, run against the copy
-    python scripts/exercise.py 03 --solution --region match   # put one original body back
+    python -m scripts.exercise 03                  # writes exercises/03_radix_cache/, lists the stubs
+    python -m scripts.exercise 03 --check          # the stage's CPU tests, run against the copy
+    python -m scripts.exercise 03 --solution --region match   # put one original body back
 
 The chapter includes code by named snippet sections (`--8<-- "stages/<stage>/<file>.py:<name>"`).
 Every function or method that lies wholly inside one of those sections keeps its signature, its
@@ -32,9 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # as a script, or imported from tests/
-
-from exercise_stubs import (  # noqa: E402, F401  (re-exported: the tests use them)
+from scripts.exercise_stubs import (  # noqa: F401  (re-exported: the tests use them)
     ExerciseError,
     Region,
     Stub,
@@ -199,7 +197,7 @@ def restore_solution(stage: Path, out: Path, wanted: list[str] | None = None) ->
     target = out / stage.name
     if not target.is_dir():
         raise ExerciseError(
-            f"no exercise at {shown(target)}: run `python scripts/exercise.py {stage.name}` first"
+            f"no exercise at {shown(target)}: run `python -m scripts.exercise {stage.name}` first"
         )
     for file, file_regions in by_file(regions).items():
         path = target / file
@@ -249,7 +247,7 @@ def run_check(stage: Path, out: Path, pytest_args: list[str]) -> int:
     target = out / stage.name
     if not target.is_dir():
         raise ExerciseError(
-            f"no exercise at {shown(target)}: run `python scripts/exercise.py {stage.name}` first"
+            f"no exercise at {shown(target)}: run `python -m scripts.exercise {stage.name}` first"
         )
     env = {**os.environ, ENV_VAR: str(target.resolve())}
     pytest = [sys.executable, "-m", "pytest", "-q", "-m", "not gpu and not multi_gpu"]
@@ -289,7 +287,7 @@ def print_stubs(stage: Path, out: Path, stubs: list[Stub]) -> None:
         print(f"{untested} stubs marked no test are base-class defaults that every backend of the stage "
               "overrides: nothing runs them.")  # fmt: skip
     print(
-        f"Stuck? python scripts/exercise.py {stage.name[:2]} --solution --region NAME puts one section back."
+        f"Stuck? python -m scripts.exercise {stage.name[:2]} --solution --region NAME puts one section back."
     )
 
 

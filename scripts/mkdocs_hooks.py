@@ -25,18 +25,15 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files, InclusionLevel
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # mkdocs loads this file by path: `scripts` is not importable otherwise
-    sys.path.insert(0, str(ROOT))
+from scripts import docs_numbers
 
-from scripts import docs_numbers  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EXECUTED = ROOT / "build" / "notebooks"  # build/notebooks/NN_name.ipynb, executed by make test
 UNEXECUTED = ROOT / "build" / "notebooks-unexecuted"

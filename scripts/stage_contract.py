@@ -188,7 +188,7 @@ def contract_violations(stage: Path, prev: Path | None) -> list[str]:
         elif (stage / path).read_bytes() != (prev / path).read_bytes():
             problems.append(
                 f"{name}: {path!r} differs from {pname}/{path} but is not declared in CHANGED_FILES "
-                f"(declare it, or run `python scripts/propagate.py stages/{pname}/{path}`)"
+                f"(declare it, or run `python -m scripts.propagate stages/{pname}/{path}`)"
             )
     for path in changed:
         if path in implicit or _bad_path(path):

@@ -80,7 +80,7 @@ def test_a_stand_in_mini_sglang_run_gives_a_result_in_our_schema(tmp_path: Path)
     log, out = tmp_path / "seen.json", tmp_path / "out"
     env = {"PYTHONPATH": f"{peer}:{ROOT}", "STAND_IN_LOG": str(log), "BENCH_RUN_ID": "call-7",
            "PATH": "/usr/bin:/bin"}  # fmt: skip
-    cmd = [sys.executable, "scripts/bench_peer.py", "--engine", "mini-sglang", "--model", str(model),
+    cmd = [sys.executable, "-m", "scripts.bench_peer", "--engine", "mini-sglang", "--model", str(model),
            "--out", str(out), "--name", "ladder_minisgl_test", "--repeats", "2"]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -104,7 +104,7 @@ def test_the_peers_batch1_decode_step_is_the_difference_of_two_calls(tmp_path: P
     peer, model = stand_in_peer(tmp_path)
     log, out = tmp_path / "seen.jsonl", tmp_path / "out"
     env = {"PYTHONPATH": f"{peer}:{ROOT}", "STAND_IN_LOG": str(log), "PATH": "/usr/bin:/bin"}
-    cmd = [sys.executable, "scripts/bench_peer.py", "--engine", "mini-sglang", "--workload", "latency",
+    cmd = [sys.executable, "-m", "scripts.bench_peer", "--engine", "mini-sglang", "--workload", "latency",
            "--model", str(model), "--out", str(out), "--name", "peer_minisgl_latency_test"]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -143,7 +143,7 @@ def test_a_peer_run_streams_the_workload_and_stops_its_process_group(
     argv = ["--engine", "mini-sglang", "--model", str(tiny_tokenizer_dir), "--out-dir", str(out),
             "--name", "peer_minisgl_online_h200", "--rates", "50,inf", "--scale", "0.02",
             "--port", str(free_port()), "--ready-timeout", "120"]  # fmt: skip
-    code = subprocess.run([sys.executable, "scripts/bench_server_online.py", *argv], cwd=ROOT).returncode
+    code = subprocess.run([sys.executable, "-m", "scripts.bench_server_online", *argv], cwd=ROOT).returncode
     assert code == 0
 
     started = json.loads(stand_in.read_text())
@@ -170,7 +170,7 @@ def test_a_server_that_never_answers_is_stopped_after_the_timeout(stand_in, tmp_
     argv = ["--engine", "mini-sglang", "--model", str(tmp_path), "--out-dir", str(tmp_path / "r"),
             "--name", "x", "--port", str(free_port()), "--ready-timeout", "10"]  # fmt: skip
     run = subprocess.run(
-        [sys.executable, "scripts/bench_server_online.py", *argv], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "scripts.bench_server_online", *argv], cwd=ROOT, capture_output=True, text=True
     )
     assert run.returncode == 1
     assert "did not answer" in run.stderr and "/v1/models" in run.stderr

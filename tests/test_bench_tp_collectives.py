@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scripts.results_model import parse_result
 
-from scripts.results_model import parse_result  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_a_step_makes_two_all_reduces_a_layer_plus_one_and_none_at_tp1(tmp_path, tiny_qwen3_dir):
     layers = json.loads((tiny_qwen3_dir / "config.json").read_text())["num_hidden_layers"]
-    cmd = [sys.executable, "scripts/bench_tp_collectives.py", "--tp", "1", "--tp", "2", "--repeats", "1",
+    cmd = [sys.executable, "-m", "scripts.bench_tp_collectives", "--tp", "1", "--tp", "2", "--repeats", "1",
            "--steps", "2", "--warmup", "1", "--batch", "2", "--prompt-len", "8",
            "--model", str(tiny_qwen3_dir), "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -59,7 +59,7 @@ def test_a_cpu_run_gives_one_json_with_both_engines(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "final", base / "final", ignore=shutil.ignore_patterns("__pycache__"))
     env = {"PYTHONPATH": f"{peer}:{ROOT}", "STAND_IN_LOG": str(log), "BENCH_RUN_ID": "call-9",
            "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    cmd = [sys.executable, "scripts/bench_versus.py", "--model", str(model), "--out", str(out), "--gpu", "cpu",
+    cmd = [sys.executable, "-m", "scripts.bench_versus", "--model", str(model), "--out", str(out), "--gpu", "cpu",
            "--repeats", "1", "--scale", "0.01", "--attn", "torch", "--kernel-batches", "--base", str(base)]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,7 +7,9 @@ We read the ```bash blocks of README.md and docs/**/*.md and check each simple c
   exists and its argument parser accepts the arguments (its `parse_args(argv)` when it has one,
   else `--help` in a subprocess, whose text must name every option the command uses); commands
   of `final` are skipped, with a reason, until `final/` is a package;
-- `python scripts/X.py ...` and `python -m pytest PATH ...`: the script or test path exists.
+- `python -m scripts.X ...`: the module exists (scripts/ is a package run from the root: a
+  `python scripts/X.py ...` is refused and told its module form); `python -m pytest PATH ...`: the
+  test path exists.
 
 Nothing is executed beyond argument parsing, so the check is fast and needs no model.
 """
@@ -212,6 +214,12 @@ def _parse_with_help(module: str, args: list[str]) -> str | None:
 
 
 def check_python_module(module: str, args: list[str]) -> str | None:
+    if module.split(".")[0] == "scripts":
+        try:
+            found = module != "scripts" and importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        return None if found else f"no module {module} (scripts/{module.partition('.')[2]}.py)"
     if not CHECKED_MODULE.match(module):
         if module == "pytest":
             return check_pytest_paths(args)
@@ -264,14 +272,14 @@ def check_command(argv: list[str] | tuple[str, ...], targets: set[str] | None = 
     script = rest[0]
     if script.endswith(".py") and not (ROOT / script).is_file():
         return f"script {script} does not exist"
+    if script.startswith("scripts/") and script.endswith(".py"):
+        module = script.removesuffix(".py").replace("/", ".")
+        return f"scripts/ is a package: run `python -m {module}` from the repository root"
     return None
 
 
 # ---------------------------------------------------------------------------------------------
 # The tests
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 ALL_COMMANDS = [c for path in doc_files() for c in commands_in(path)]
 CHECKED = [c for c in ALL_COMMANDS if c.argv[0] == "make" or (PYTHON.match(c.argv[0]) and len(c.argv) > 1)]
@@ -302,6 +310,9 @@ python -m stages.01_naive_generate --chat --prompt hi \\
 SERVING_CACHE_DIR=/tmp/x python -m stages.02_paged_kv --num-pages lots --prompt "a"
 . .venv/bin/activate && python -m stages.99_not_a_stage --prompt hi
 python scripts/no_such_script.py --check
+python -m scripts.no_such_script --check
+python scripts/propagate.py --check
+python -m scripts.propagate --check
 python -m pytest tests/test_no_such_file.py -k 02
 python -m stages.02_paged_kv --prompt "a b" 2>/dev/null | tee answers.txt
 ```
@@ -339,6 +350,9 @@ def test_extraction_handles_continuations_env_chains_and_fences(tmp_path: Path) 
         [".", ".venv/bin/activate"],
         ["python", "-m", "stages.99_not_a_stage", "--prompt", "hi"],
         ["python", "scripts/no_such_script.py", "--check"],
+        ["python", "-m", "scripts.no_such_script", "--check"],
+        ["python", "scripts/propagate.py", "--check"],
+        ["python", "-m", "scripts.propagate", "--check"],
         ["python", "-m", "pytest", "tests/test_no_such_file.py", "-k", "02"],
         ["python", "-m", "stages.02_paged_kv", "--prompt", "a b"],
         ["tee", "answers.txt"],
@@ -360,6 +374,9 @@ def test_bogus_commands_are_caught() -> None:
         "python -m stages.01_naive_generate --prompt 'an indented block' --max-tokens many": "many",
         "python -m stages.99_not_a_stage --prompt hi": "no module stages.99_not_a_stage",
         "python scripts/no_such_script.py --check": "scripts/no_such_script.py does not exist",
+        "python -m scripts.no_such_script --check": "no module scripts.no_such_script",
+        "python scripts/propagate.py --check": "python -m scripts.propagate",
+        "python -m scripts.propagate --check": None,
         "python -m pytest tests/test_no_such_file.py -k 02": "tests/test_no_such_file.py",
         "python -m stages.02_paged_kv --prompt 'a b'": None,
         "tee answers.txt": None,

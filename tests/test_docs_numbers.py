@@ -19,10 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scripts import docs_numbers, mkdocs_hooks
 
-from scripts import docs_numbers, mkdocs_hooks  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "generated" not in p.parts)
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from scripts import exercise
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import exercise  # noqa: E402
 
 STAGE = ROOT / "stages" / "03_radix_cache"
 # Fast tree tests that reach match, insert, split and evict: a second or two, not the engine tests.

@@ -146,7 +146,7 @@ def test_server_on_gpu_fi_against_torch(gpu_servers):
 def test_bench_online_on_gpu(gpu_servers, tmp_path):
     server = gpu_servers["fi"]
     proc = subprocess.run(
-        [sys.executable, "scripts/bench_online.py", "--url", server.url, "--rates", "8,inf", "--scale", "0.05",
+        [sys.executable, "-m", "scripts.bench_online", "--url", server.url, "--rates", "8,inf", "--scale", "0.05",
          "--out-dir", str(tmp_path), "--name", "final_online_gputest"],
         cwd=ROOT, capture_output=True, text=True, timeout=JIT_TIMEOUT_S,
     )  # fmt: skip

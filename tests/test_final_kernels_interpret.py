@@ -264,7 +264,7 @@ def test_bench_kernels_smoke_run_checks_everything_and_writes_a_valid_result(tmp
     from scripts.results_model import parse_result
 
     out = tmp_path / "kernels_cpu.json"
-    command = [sys.executable, "scripts/bench_kernels.py", "--smoke", "--out", str(out)]
+    command = [sys.executable, "-m", "scripts.bench_kernels", "--smoke", "--out", str(out)]
     run = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     data = json.loads(out.read_text())

@@ -507,7 +507,7 @@ def test_default_model_answers_streamed_and_not(default_server):
 
 def test_bench_online_smoke(server, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "scripts/bench_online.py", "--url", server.url, "--rates", "20,inf", "--scale", "0.01",
+        [sys.executable, "-m", "scripts.bench_online", "--url", server.url, "--rates", "20,inf", "--scale", "0.01",
          "--num-requests", "6", "--out-dir", str(tmp_path), "--name", "final_online_test", "--client-procs", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

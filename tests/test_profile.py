@@ -5,16 +5,14 @@ fragment from the JSON."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scripts import kernel_breakdown, render_profile
+from scripts import profile_decode_step as profiler
 
-from scripts import kernel_breakdown, render_profile  # noqa: E402
-from scripts import profile_decode_step as profiler  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def event(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:

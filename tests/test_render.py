@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from scripts import render_results as rr
+from scripts import results_versus
 
-from scripts import render_results as rr  # noqa: E402
-from scripts import results_versus  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def result(name: str, **overrides: Any) -> dict[str, Any]:
@@ -410,7 +407,7 @@ def test_the_committed_sketches_are_up_to_date() -> None:
     """Chapter 05's launches and chapter 07's two ranks are drawn by scripts/draw_sketches.py."""
     from scripts import draw_sketches
 
-    assert draw_sketches.main(["--check"]) == 0, "run python scripts/draw_sketches.py"
+    assert draw_sketches.main(["--check"]) == 0, "run python -m scripts.draw_sketches"
 
 
 def test_a_versus_file_gets_its_table_but_no_bar_under_the_peers_name(tmp_path: Path) -> None:

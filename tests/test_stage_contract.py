@@ -9,17 +9,14 @@ from __future__ import annotations
 import html
 import importlib
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from scripts import propagate, render_diffs
+from scripts import stage_contract as contract
 
-from scripts import propagate, render_diffs  # noqa: E402
-from scripts import stage_contract as contract  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STAGES = contract.list_stages(ROOT)
 PAIRS = contract.stage_pairs(ROOT)
