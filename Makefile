@@ -57,18 +57,22 @@ test: model notebooks docs-assets browser
 	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu and not browser" --nbmake --overwrite tests $(EXECUTED)
 	@touch $(EXECUTED:.ipynb=.ran)
 	$(BIN)/mkdocs build --strict -q -d build/site
-	SITE_DIR=build/site $(BIN)/python -m pytest -q -m browser tests/test_site_browser.py
+	SITE_DIR=build/site $(BIN)/python -m pytest -q -m browser tests/tooling/test_site_browser.py
 
 # The fast loop while changing final/ (about 30 s on 2 cores; `make test` is the whole suite):
 # its unit tests on tiny models, in-process: layering, copies, CLI, extension points, scheduler,
 # engine, overlap, graphs, prefix cache, attention backends on stand-ins, sampling, the stage
 # contract. No server, no other process, no notebook. More with ARGS="-k overlap" or extra files.
-UNIT_TESTS := $(addprefix tests/test_,final_layering final_copies final_cli final_extension_points \
-	final_scheduler final_engine final_engine_isolation final_overlap final_overlap_radix final_graphs \
-	final_prefix_cache final_attention_backends final_detokenizer sampling sampling_defaults text_stream \
-	stage_contract)
+UNIT_TESTS := tests/final/test_final_layering.py tests/final/test_final_copies.py tests/final/test_final_cli.py \
+	tests/final/test_final_extension_points.py tests/final/scheduler/test_final_scheduler.py \
+	tests/final/engine/test_final_engine.py tests/final/engine/test_final_engine_isolation.py \
+	tests/final/engine/test_final_overlap.py tests/final/engine/test_final_overlap_radix.py \
+	tests/final/engine/test_final_graphs.py tests/final/kvcache/test_final_prefix_cache.py \
+	tests/final/attention/test_final_attention_backends.py tests/final/frontend/test_final_detokenizer.py \
+	tests/final/frontend/test_sampling_defaults.py tests/engines/test_sampling.py \
+	tests/stages/common/test_text_stream.py tests/stages/test_stage_contract.py
 unit: model
-	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu and not browser and not slow" $(addsuffix .py,$(UNIT_TESTS)) $(ARGS)
+	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu and not browser and not slow" $(UNIT_TESTS) $(ARGS)
 
 # The notebooks' sources are jupytext scripts (docs/notebooks/*.py); each becomes
 # build/notebooks/*.ipynb, rewritten only when its source changed.
@@ -90,7 +94,7 @@ notebooks-run: model notebooks $(EXECUTED:.ipynb=.ran)
 docs-assets: setup
 	$(BIN)/python -m scripts.docs_assets
 
-# Headless Chromium from Debian's packages, for tests/test_site_browser.py; where it cannot be
+# Headless Chromium from Debian's packages, for tests/tooling/test_site_browser.py; where it cannot be
 # installed the test skips and says why.
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: the browser test will skip"

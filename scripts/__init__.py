@@ -3,7 +3,7 @@
 Each script runs as a module from the repository root, `python -m scripts.NAME [ARGS]` (the
 Makefile's targets and scripts/gpu_run.sh do exactly that), and imports its neighbours, `stages`,
 `final` and `tests.fixtures` as packages: nothing here edits `sys.path` to find them
-(tests/test_no_path_hacks.py keeps it so).
+(tests/tooling/test_no_path_hacks.py keeps it so).
 
 - measuring: bench_*.py, profile_decode*.py, kernel_table.py and kernel_breakdown.py,
   kv_fp8_*.py, stream_metrics.py, soak.py; make_random_checkpoint.py writes the checkpoints they

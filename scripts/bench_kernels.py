@@ -14,7 +14,7 @@ a short table, and exit status 1 if a check failed:
     python -m scripts.bench_kernels --out benchmarks/results/h200/kernels_h200.json
 
 `--smoke` runs the same code on the CPU at toy shapes through Triton's interpreter (float16, no
-fp8, no FlashInfer, wall-clock times that mean nothing): tests/test_final_kernels_interpret.py
+fp8, no FlashInfer, wall-clock times that mean nothing): tests/final/kernels/test_final_kernels_interpret.py
 runs it, so the script cannot rot between GPU runs.
 """
 
@@ -238,7 +238,7 @@ def bench_fused(report: Report, s: Setup) -> None:
 def bench_sampling(report: Report, s: Setup) -> None:
     """The sampler as the engine calls it, bf16 logits (FlashInfer) against the previous path: the
     model's float32 copy of the logits and the torch draw. Greedy must be the argmax exactly; the
-    frequencies are tested in tests/test_final_gpu_kernels.py."""
+    frequencies are tested in tests/final/kernels/test_final_gpu_kernels.py."""
     for batch in s.batches:
         for temperature in (0.0, 0.6):
             logits = torch.randn(batch, s.vocab, device=s.device).to(s.act) * 3
@@ -250,7 +250,7 @@ def bench_sampling(report: Report, s: Setup) -> None:
             tokens = sampler.sample(logits, rows, params, gens).tokens
             if temperature == 0:
                 report.check(f"sampling greedy B={batch}", torch.equal(tokens, logits.argmax(-1)))
-            else:  # a draw under top_k=1 is the argmax (the distribution: tests/test_final_gpu_kernels.py)
+            else:  # a draw under top_k=1 is the argmax (the distribution: tests/final/kernels/test_final_gpu_kernels.py)
                 one = [SamplingParams(temperature=temperature, top_k=1)] * batch
                 for row, p in enumerate(one):
                     sampler.admit(row, p)

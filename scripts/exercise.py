@@ -211,11 +211,11 @@ def restore_solution(stage: Path, out: Path, wanted: list[str] | None = None) ->
 def stage_tests(stage: Path) -> list[str]:
     """The stage's CPU test files (its GPU files are skipped without CUDA anyway)."""
     number = stage.name.split("_", 1)[0]
-    files = sorted(ROOT.glob(f"tests/test_stage{number}*.py"))
+    files = sorted(ROOT.glob(f"tests/stages/test_stage{number}*.py"))
     return [f.relative_to(ROOT).as_posix() for f in files if not f.stem.endswith("_gpu")]
 
 
-CONFORMANCE = "tests/test_conformance.py"
+CONFORMANCE = "tests/engines/test_conformance.py"
 
 
 def shown(path: Path) -> str:
@@ -281,7 +281,7 @@ def print_stubs(stage: Path, out: Path, stubs: list[Stub]) -> None:
     for command in test_commands(stage, target):
         print(f"  {command}")
     if gpu:
-        print(f"{gpu} stubs marked GPU only are run by no CPU test: tests/test_stage{stage.name[:2]}_gpu.py "
+        print(f"{gpu} stubs marked GPU only are run by no CPU test: tests/stages/test_stage{stage.name[:2]}_gpu.py "
               "checks them on a CUDA host (make gpu-test).")  # fmt: skip
     if untested:
         print(f"{untested} stubs marked no test are base-class defaults that every backend of the stage "

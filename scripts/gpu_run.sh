@@ -16,7 +16,7 @@
 #   kernels       final/kernels checked against their torch references and timed (K/V write, fused
 #                 norm + RoPE + K/V write, sampling, small-M GEMV; scripts/bench_kernels.py), into
 #                 benchmarks/results/<gpu>/kernels_<gpu>.json; its table and the GEMV advice in the log
-#   test-kernels  tests/test_final_gpu_kernels.py alone: the kernels against their references, the
+#   test-kernels  tests/final/kernels/test_final_gpu_kernels.py alone: the kernels against their references, the
 #                 engine with them against without (test-final runs it too)
 #   test-attn     the attention backends' GPU tests (kernels, graphs, engines): on a fresh machine
 #                 most of the time goes to compiling kernels, so one call may not hold them all;
@@ -147,25 +147,25 @@ run_step() {
       tar -C "$(dirname $FLASHINFER_WORKSPACE_BASE)" -cf - "$(basename $FLASHINFER_WORKSPACE_BASE)" | split -b 15m -d -a 1 - "$out/fiws.tar." ;;
     ckpt) [ -f $ckpt/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-0.6b --out $ckpt ;;
     ckpt-8b) [ -f $ckpt8/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-8b --out $ckpt8 ;;
-    test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py tests/test_final_gpu.py tests/test_final_penalties.py -k "not server and not bench_online" ;;
+    test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kernels/test_final_gpu_kernels.py tests/final/test_final_gpu.py tests/final/engine/test_final_penalties.py -k "not server and not bench_online" ;;
     test-all) OUT=$out bash scripts/run_gpu_tests.sh ;;
     kernels) $py -m scripts.bench_kernels --out $results/kernels_$gpu.json ;;
-    test-kernels) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py ;;
-    test-tp) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_tp_gpu.py ;;
+    test-kernels) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kernels/test_final_gpu_kernels.py ;;
+    test-tp) OUT=$out bash scripts/run_gpu_tests.sh tests/final/distributed/test_final_tp_gpu.py ;;
     bench-final)
       bench --engine final --workload latency --engine-arg attn=fi --name final_latency_fi_$gpu
       bench --engine final --workload latency --engine-arg attn=fi --engine-arg cuda_graph_max_bs=0 --engine-arg overlap=off --name final_latency_fi_eager_$gpu
       bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name final_offline_fi_$gpu
       bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg overlap=off --name final_offline_fi_nooverlap_$gpu
       ;;
-    test-attn) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py ;;
+    test-attn) OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py ;;
     test-attn-fa|test-attn-fi|test-attn-trtllm)  # one backend's kernel and graph tests
       b=${1#test-attn-}
-      OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py \
+      OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py \
         -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside or ${b}4_compiles" ;;
-    test-attn-engine) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py -k "engine or auto" ;;
+    test-attn-engine) OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py -k "engine or auto" ;;
     test-attn-compile)  # issue 26's proof, about a minute: FlashAttention 4 compiles nothing per length
-      OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py -k "fa4_compiles" ;;
+      OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py -k "fa4_compiles" ;;
     bench-attn)
       # Every backend and pair at page size 16 (one every kernel takes): the offline workload, batch-1
       # decode (latency) and batch-1 prefill at 512, 2048 and 8192 tokens, one fresh process each,
@@ -192,7 +192,7 @@ run_step() {
       done
       $py -m scripts.results_attention $results
       ;;
-    test-stage05) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage05_gpu.py ;;
+    test-stage05) OUT=$out bash scripts/run_gpu_tests.sh tests/stages/test_stage05_gpu.py ;;
     bench-stage05)
       for b in 1 8 64 256; do
         bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$b --engine-arg attn=fi --engine-arg page_size=16 --name stage05_decode_b${b}_graphs_$gpu
@@ -209,7 +209,7 @@ run_step() {
       done
       ;;
     bench-tp) bench_tp_grid final final ;;
-    test-stage06) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage06_gpu.py ;;
+    test-stage06) OUT=$out bash scripts/run_gpu_tests.sh tests/stages/test_stage06_gpu.py ;;
     bench-stage06)
       bench --engine stages.06_overlap --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage06_offline_overlap_$gpu
       bench --engine stages.06_overlap --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg disable_overlap=1 --name stage06_offline_serial_$gpu
@@ -226,7 +226,7 @@ run_step() {
         $py -m scripts.profile_decode_step --stage final --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu || return 1
       done
       ;;
-    test-stage07) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage07_gpu.py ;;
+    test-stage07) OUT=$out bash scripts/run_gpu_tests.sh tests/stages/test_stage07_gpu.py ;;
     bench-stage07) bench_tp_grid stages.07_tensor_parallel stage07 --engine-arg page_size=16 ;;
     peers)  # with bench-final in the same call: the Performance page pairs them by run id
       for w in offline latency; do
@@ -311,7 +311,7 @@ run_step() {
       ;;
     host-step) $py -m scripts.bench_host_step --steps 200 --json "$out/logs/host_step.json" ;;
     graph-launch) $py -m scripts.bench_graph_launch --model $ckpt --batch 1 64 --json "$out/logs/graph_launch.json" ;;
-    test-kv-fp8) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kv_fp8.py ;;
+    test-kv-fp8) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kvcache/test_final_gpu_kv_fp8.py ;;
     kv-fp8)
       local part rc=0
       for part in kv-fp8-accuracy kv-fp8-capacity kv-fp8-kernel kv-fp8-speed; do

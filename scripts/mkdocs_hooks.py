@@ -9,7 +9,7 @@ keep this in the hooks rather than use mkdocs-macros-plugin: that plugin runs Ji
 page, where the chat templates and Python that the chapters quote would need escaping, and its
 errors name a template, not the result file that is missing; ours touches only `{{ f(...) }}` of
 our own functions, evaluates them without `eval`, and shares its code with the test that scans
-the pages for numbers typed by hand (tests/test_docs_numbers.py).
+the pages for numbers typed by hand (tests/tooling/test_docs_numbers.py).
 
 Notebooks: their source is the jupytext scripts `docs/notebooks/NN_*.py`. `make test` (and
 `make notebooks-run`) converts each to `build/notebooks/NN_*.ipynb` and executes it once with
