@@ -43,13 +43,13 @@ ask: model
 # Build a stage yourself: `make exercise STAGE=03` copies stages/03_*/ to exercises/ (git-ignored)
 # with the code its chapter teaches stubbed out and lists the stubs; `make exercise-check STAGE=03`
 # runs the stage's CPU tests against that copy, red until the stubs are written. ARGS="--region
-# match" stubs one section only; `python scripts/exercise.py 03 --solution` puts the originals back.
+# match" stubs one section only; `python -m scripts.exercise 03 --solution` puts the originals back.
 STAGE ?=
 exercise: setup
-	$(BIN)/python scripts/exercise.py "$(STAGE)" $(ARGS)
+	$(BIN)/python -m scripts.exercise "$(STAGE)" $(ARGS)
 
 exercise-check: setup
-	$(BIN)/python scripts/exercise.py "$(STAGE)" --check $(ARGS)
+	$(BIN)/python -m scripts.exercise "$(STAGE)" --check $(ARGS)
 
 # The whole CPU suite: unit and conformance tests, the notebooks executed (once: the site shows
 # these very runs), the strict docs build, and the built site checked in headless Chromium.
@@ -57,18 +57,22 @@ test: model notebooks docs-assets browser
 	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu and not browser" --nbmake --overwrite tests $(EXECUTED)
 	@touch $(EXECUTED:.ipynb=.ran)
 	$(BIN)/mkdocs build --strict -q -d build/site
-	SITE_DIR=build/site $(BIN)/python -m pytest -q -m browser tests/test_site_browser.py
+	SITE_DIR=build/site $(BIN)/python -m pytest -q -m browser tests/tooling/test_site_browser.py
 
 # The fast loop while changing final/ (about 30 s on 2 cores; `make test` is the whole suite):
 # its unit tests on tiny models, in-process: layering, copies, CLI, extension points, scheduler,
 # engine, overlap, graphs, prefix cache, attention backends on stand-ins, sampling, the stage
 # contract. No server, no other process, no notebook. More with ARGS="-k overlap" or extra files.
-UNIT_TESTS := $(addprefix tests/test_,final_layering final_copies final_cli final_extension_points \
-	final_scheduler final_engine final_engine_isolation final_overlap final_overlap_radix final_graphs \
-	final_prefix_cache final_attention_backends final_detokenizer sampling sampling_defaults text_stream \
-	stage_contract)
+UNIT_TESTS := tests/final/test_final_layering.py tests/final/test_final_copies.py tests/final/test_final_cli.py \
+	tests/final/test_final_extension_points.py tests/final/scheduler/test_final_scheduler.py \
+	tests/final/engine/test_final_engine.py tests/final/engine/test_final_engine_isolation.py \
+	tests/final/engine/test_final_overlap.py tests/final/engine/test_final_overlap_radix.py \
+	tests/final/engine/test_final_graphs.py tests/final/kvcache/test_final_prefix_cache.py \
+	tests/final/attention/test_final_attention_backends.py tests/final/frontend/test_final_detokenizer.py \
+	tests/final/frontend/test_sampling_defaults.py tests/engines/test_sampling.py \
+	tests/stages/common/test_text_stream.py tests/stages/test_stage_contract.py
 unit: model
-	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu and not browser and not slow" $(addsuffix .py,$(UNIT_TESTS)) $(ARGS)
+	$(BIN)/python -m pytest -q -m "not gpu and not multi_gpu and not browser and not slow" $(UNIT_TESTS) $(ARGS)
 
 # The notebooks' sources are jupytext scripts (docs/notebooks/*.py); each becomes
 # build/notebooks/*.ipynb, rewritten only when its source changed.
@@ -88,9 +92,9 @@ notebooks-run: model notebooks $(EXECUTED:.ipynb=.ran)
 
 # MathJax and Mermaid, pinned, from the npm registry into docs/javascripts/vendor/ (not committed).
 docs-assets: setup
-	$(BIN)/python scripts/docs_assets.py
+	$(BIN)/python -m scripts.docs_assets
 
-# Headless Chromium from Debian's packages, for tests/test_site_browser.py; where it cannot be
+# Headless Chromium from Debian's packages, for tests/tooling/test_site_browser.py; where it cannot be
 # installed the test skips and says why.
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: the browser test will skip"
@@ -112,12 +116,12 @@ lab: model $(LAB_NOTEBOOKS)
 	$(BIN)/python -m jupyterlab $(LAB_ROOT) $(LAB_ARGS) $(LAB_NOTEBOOKS)
 
 docs-gen: setup
-	$(BIN)/python scripts/render_diffs.py
-	$(BIN)/python scripts/render_results.py
-	$(BIN)/python scripts/render_profile.py
-	$(BIN)/python scripts/draw_overlap_timeline.py
-	$(BIN)/python scripts/draw_sketches.py
-	$(BIN)/python scripts/docs_numbers.py README.md
+	$(BIN)/python -m scripts.render_diffs
+	$(BIN)/python -m scripts.render_results
+	$(BIN)/python -m scripts.render_profile
+	$(BIN)/python -m scripts.draw_overlap_timeline
+	$(BIN)/python -m scripts.draw_sketches
+	$(BIN)/python -m scripts.docs_numbers README.md
 
 # The site in build/site: open build/site/index.html (file:// works), or make docs-serve.
 docs: docs-gen docs-assets notebooks-run
@@ -131,7 +135,7 @@ docs-serve: docs-gen docs-assets notebooks-run
 # SOAK_ARGS="--duration 30" for a short run.
 SOAK_ARGS ?=
 soak: model
-	$(BIN)/python scripts/soak.py $(SOAK_ARGS)
+	$(BIN)/python -m scripts.soak $(SOAK_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
@@ -155,7 +159,7 @@ bench: model
 	$(BENCH) --engine stages.02_paged_kv --workload offline --scale 0.05 --name stage02_offline_cpu
 	$(BENCH) --engine stages.02_paged_kv --workload offline --scale 0.05 --engine-arg max_running_requests=1 --name stage02_offline_serial_cpu
 	$(BENCH) --engine stages.01_naive_generate --workload offline --scale 0.05 --name stage01_offline_cpu
-	$(BIN)/python scripts/render_results.py
+	$(BIN)/python -m scripts.render_results
 
 # Chapter 04's measurement on the CPU: the long-prompt workload under every policy and budget the
 # chapter discusses, 3 fresh processes each. Run it on a quiet machine (a few minutes per row at
@@ -172,14 +176,14 @@ bench-ch04: model
 	$(CH04) --engine-arg max_prefill_length=64 --engine-arg chunk_policy=mixed --name stage04_long_prompt_mixed_64_cpu
 	$(CH04) --engine-arg max_prefill_length=256 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_256_cpu
 	$(CH04) --engine-arg max_prefill_length=64 --engine-arg chunk_policy=prefill-first --name stage04_long_prompt_prefill_first_64_cpu
-	$(BIN)/python scripts/render_results.py
+	$(BIN)/python -m scripts.render_results
 
 # Start-up time of every stage's command line and of final/: `--help` (parsed before torch is
 # imported) and, for stage 01, where a real run's start-up goes. Results in benchmarks/results/
 # (*_startup_cpu.json); the docs tables are regenerated. Meaningful on a quiet machine only.
 bench-startup: model
-	$(BIN)/python scripts/bench_startup.py
-	$(BIN)/python scripts/render_results.py
+	$(BIN)/python -m scripts.bench_startup
+	$(BIN)/python -m scripts.render_results
 
 # GPU work on a CUDA host (its own Python with the GPU kit, no venv, no package index) goes through
 # scripts/gpu_run.sh, whose steps are the one list of what runs and what each result is called
@@ -198,8 +202,8 @@ GPU_BENCH_STEPS := ckpt bench-stage01 bench-stage02 bench-stage03 bench-ch04 ben
 # Every GPU benchmark of the book (the stages, final/, the peers, the ladder), then the docs' tables.
 bench-gpu:
 	$(GPU_RUN) $(GPU_BENCH_STEPS)
-	$(GPU_PY) scripts/render_results.py
-	$(GPU_PY) scripts/render_profile.py
+	$(GPU_PY) -m scripts.render_results
+	$(GPU_PY) -m scripts.render_profile
 
 # Stage 07 (2+ GPUs): batch-1 decode and the offline workload at TP 1, 2 (and 4 where 4 GPUs exist),
 # for the Qwen3-0.6B shape and the Qwen3-8B shape (a 16 GB random checkpoint, written once).

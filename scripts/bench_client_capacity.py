@@ -2,7 +2,7 @@
 server, makes the bursts: a stand-in server that streams perfectly evenly, read by 1..N client
 processes.
 
-    python scripts/bench_client_capacity.py --streams 192 --step-ms 10 --tokens 200 --procs 1,2
+    python -m scripts.bench_client_capacity --streams 192 --step-ms 10 --tokens 200 --procs 1,2
 
 The stand-in (a raw asyncio HTTP server in its own process, no framework) acts as an engine whose
 decode step takes --step-ms: every step, each open stream gets one SSE chunk of final/'s form,
@@ -23,13 +23,10 @@ import json
 import multiprocessing
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts import bench_online  # noqa: E402
-from scripts.stream_metrics import summarize  # noqa: E402
-from stages.common import workloads  # noqa: E402
+from scripts import bench_online
+from scripts.stream_metrics import summarize
+from stages.common import workloads
 
 FRAME = 'data: {{"id":"x","object":"text_completion","choices":[{{"index":0,"text":" a","finish_reason":null}}],"timing":{{"engine":{due:.6f},"sent":{now:.6f}}}}}\n\n'  # fmt: skip
 LAST = 'data: {{"id":"x","object":"text_completion","choices":[],"usage":{{"prompt_tokens":1,"completion_tokens":{n},"total_tokens":{m}}}}}\n\ndata: [DONE]\n\n'  # fmt: skip

@@ -5,5 +5,5 @@
 #   bash scripts/bench_final_online.sh MODEL_DIR OUT_DIR NAME [RATES]
 set -euo pipefail
 model=$1; out=$2; name=$3; rates=${4:-8,32,64,inf}
-exec ${GPU_PY:-python3} scripts/bench_server_online.py --engine final --model "$model" --out-dir "$out" \
+exec ${GPU_PY:-python3} -m scripts.bench_server_online --engine final --model "$model" --out-dir "$out" \
   --name "$name" --rates "$rates" --port "${PORT:-19190}"

@@ -1,6 +1,6 @@
 """Does the host keep ahead of the GPU as final/ serves? Measured without a profiler.
 
-    python scripts/bench_graph_launch.py --model checkpoints/qwen3-0.6b-random --batch 1 64
+    python -m scripts.bench_graph_launch --model checkpoints/qwen3-0.6b-random --batch 1 64
 
 Under the torch profiler, final/'s served batch-1 step shows the GPU idle for 300-670 µs a step
 while the host is inside the CUDA graph's launch (benchmarks/profiles/*/final_decode_step_b1_cuda.json),
@@ -20,13 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 class LaunchMeter:

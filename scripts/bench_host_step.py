@@ -1,7 +1,7 @@
 """The host's cost of one decode step of final/, by phase, measured on the CPU.
 
-    python scripts/bench_host_step.py                       # decode batches 64 and 256, a table
-    python scripts/bench_host_step.py --batch 256 --profile # and cProfile's top functions
+    python -m scripts.bench_host_step                       # decode batches 64 and 256, a table
+    python -m scripts.bench_host_step --batch 256 --profile # and cProfile's top functions
 
 With CUDA graphs and overlap scheduling the host prepares step N+1 while the GPU runs step N, so
 once the host's work per step exceeds the GPU's decode step (a few ms at batch 256 on an H200),
@@ -49,17 +49,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # before this script's folder, whose stages.py would shadow the package
+import torch
 
-import torch  # noqa: E402
-
-import final  # noqa: E402
-from final.attention.base import AttentionBackend  # noqa: E402
-from final.attention.flashinfer_backend import FlashInferBackend  # noqa: E402
-from final.core.sampling_params import SamplingParams  # noqa: E402
-from final.engine.graph import EagerGraph, GraphRunner  # noqa: E402
-from tests.fixtures.tiny_models import make_tiny_checkpoint  # noqa: E402
+import final
+from final.attention.base import AttentionBackend
+from final.attention.flashinfer_backend import FlashInferBackend
+from final.core.sampling_params import SamplingParams
+from final.engine.graph import EagerGraph, GraphRunner
+from tests.fixtures.tiny_models import make_tiny_checkpoint
 
 PAGE_SIZE = 16  # the H200 benchmark's (--attn fi --page-size 16)
 VOCAB = 32  # small: the sampler's arithmetic over [batch, vocab] is the GPU's work, not the host's

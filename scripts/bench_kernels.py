@@ -11,10 +11,10 @@ captured decode step), `gpu_us` the GPU's kernel time per call under the torch p
 sampler, which runs outside the graphs, its host time shows in `wall_us`). One JSON result,
 a short table, and exit status 1 if a check failed:
 
-    python scripts/bench_kernels.py --out benchmarks/results/h200/kernels_h200.json
+    python -m scripts.bench_kernels --out benchmarks/results/h200/kernels_h200.json
 
 `--smoke` runs the same code on the CPU at toy shapes through Triton's interpreter (float16, no
-fp8, no FlashInfer, wall-clock times that mean nothing): tests/test_final_kernels_interpret.py
+fp8, no FlashInfer, wall-clock times that mean nothing): tests/final/kernels/test_final_kernels_interpret.py
 runs it, so the script cannot rot between GPU runs.
 """
 
@@ -34,15 +34,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from final.core.sampling_params import SamplingParams  # noqa: E402
-from final.engine.sampler import Sampler  # noqa: E402
-from final.kernels import gemv, kv_write, qk_norm_rope_kv, step_metadata  # noqa: E402
-from final.kernels import sampling as sampling_kernels  # noqa: E402
-from final.models import fused  # noqa: E402
-from stages.common.bench import stamp_run_id  # noqa: E402
-from stages.common.hardware import describe, versions  # noqa: E402
+from final.core.sampling_params import SamplingParams
+from final.engine.sampler import Sampler
+from final.kernels import gemv, kv_write, qk_norm_rope_kv, step_metadata
+from final.kernels import sampling as sampling_kernels
+from final.models import fused
+from stages.common.bench import stamp_run_id
+from stages.common.hardware import describe, versions
 
 BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 
@@ -240,7 +238,7 @@ def bench_fused(report: Report, s: Setup) -> None:
 def bench_sampling(report: Report, s: Setup) -> None:
     """The sampler as the engine calls it, bf16 logits (FlashInfer) against the previous path: the
     model's float32 copy of the logits and the torch draw. Greedy must be the argmax exactly; the
-    frequencies are tested in tests/test_final_gpu_kernels.py."""
+    frequencies are tested in tests/final/kernels/test_final_gpu_kernels.py."""
     for batch in s.batches:
         for temperature in (0.0, 0.6):
             logits = torch.randn(batch, s.vocab, device=s.device).to(s.act) * 3
@@ -252,7 +250,7 @@ def bench_sampling(report: Report, s: Setup) -> None:
             tokens = sampler.sample(logits, rows, params, gens).tokens
             if temperature == 0:
                 report.check(f"sampling greedy B={batch}", torch.equal(tokens, logits.argmax(-1)))
-            else:  # a draw under top_k=1 is the argmax (the distribution: tests/test_final_gpu_kernels.py)
+            else:  # a draw under top_k=1 is the argmax (the distribution: tests/final/kernels/test_final_gpu_kernels.py)
                 one = [SamplingParams(temperature=temperature, top_k=1)] * batch
                 for row, p in enumerate(one):
                     sampler.admit(row, p)
@@ -431,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         "hardware": describe(),
         "versions": versions(),
         "command": shlex.join(
-            ["python", "scripts/bench_kernels.py", *(sys.argv[1:] if argv is None else argv)]
+            ["python", "-m", "scripts.bench_kernels", *(sys.argv[1:] if argv is None else argv)]
         ),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "checks": report.checks,

@@ -2,7 +2,7 @@
 one layer-call's time at the shapes of issue 32 (Qwen3-0.6B's heads: 16 query heads, 8 KV heads of
 128, pages of 16 tokens). Needs a CUDA GPU and FlashInfer.
 
-    python scripts/bench_kv_fp8_decode.py --out benchmarks/results/h200/kv_fp8_decode_kernel_h200.json
+    python -m scripts.bench_kv_fp8_decode --out benchmarks/results/h200/kv_fp8_decode_kernel_h200.json
 
 Each (batch, context) gets its own pool of random K and V, every request's pages scattered over it
 as a serving pool's are; each kernel is planned once, run `--warmup` times, then `--iters` times
@@ -23,11 +23,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # first: scripts/stages.py would shadow the stages package
-
-from stages.common.bench import stamp_run_id  # noqa: E402
-from stages.common.hardware import describe, versions  # noqa: E402
+from stages.common.bench import stamp_run_id
+from stages.common.hardware import describe, versions
 
 SHAPES = ((256, 1024), (256, 4096), (64, 16384))  # (batch, context) of issue 32's table
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 16, 8, 128, 16
@@ -107,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         },  # fmt: skip
         "hardware": describe(),
         "versions": versions(),
-        "command": shlex.join(["python", "scripts/bench_kv_fp8_decode.py", *argv]),
+        "command": shlex.join(["python", "-m", "scripts.bench_kv_fp8_decode", *argv]),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

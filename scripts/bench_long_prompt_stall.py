@@ -1,7 +1,7 @@
 """How long one long prompt silences the streams already running (issue 29, item 1), on a live server.
 
-    python scripts/bench_long_prompt_stall.py                                   # the default budget
-    python scripts/bench_long_prompt_stall.py --server-args "--max-prefill-length 8192"  # the old one
+    python -m scripts.bench_long_prompt_stall                                   # the default budget
+    python -m scripts.bench_long_prompt_stall --server-args "--max-prefill-length 8192"  # the old one
 
 It starts `python -m final` on loopback (the default model unless --model), opens --streams
 greedy streams, waits until each has streamed a few tokens, then sends one completion of
@@ -26,10 +26,9 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scripts.bench_server_online import stop, wait_ready
 
-from scripts.bench_server_online import stop, wait_ready  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 async def stream(

@@ -1,8 +1,8 @@
 """Online benchmark: Poisson arrivals against a running server; TTFT, ITL and throughput.
 
     python -m final --model /path/to/model &            # any OpenAI-compatible server
-    python scripts/bench_online.py --url http://127.0.0.1:1919 --rates 8,32,64,inf --timing
-    python scripts/bench_online.py --scale 0.02 --rates 2,inf   # a CPU smoke run in a minute
+    python -m scripts.bench_online --url http://127.0.0.1:1919 --rates 8,32,64,inf --timing
+    python -m scripts.bench_online --scale 0.02 --rates 2,inf   # a CPU smoke run in a minute
 
 The workload is `online` from stages/common/workloads.py: the offline benchmark's requests
 (random token ids, input and output lengths uniform in [100, 1024] at scale 1, `ignore_eos`,
@@ -52,12 +52,12 @@ try:
 except ImportError:  # the GPU host's offline kit ships httpx2 (what openai itself uses), not httpx
     import httpx2 as httpx  # type: ignore[no-redef]
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from scripts.stream_metrics import Record, step_source, summarize  # noqa: E402
-from stages.common import hardware, workloads  # noqa: E402
-from stages.common.bench import stamp_run_id  # noqa: E402
+from scripts.stream_metrics import Record, step_source, summarize
+from stages.common import hardware, workloads
+from stages.common.bench import stamp_run_id
+
+ROOT = Path(__file__).resolve().parents[1]
 
 APIS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -337,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             },  # fmt: skip
             "hardware": info,
             "versions": hardware.versions(),
-            "command": "python "
-            + " ".join(["scripts/bench_online.py", *(argv if argv is not None else sys.argv[1:])]),
+            "command": "python -m "
+            + " ".join(["scripts.bench_online", *(argv if argv is not None else sys.argv[1:])]),
             "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         stamp_run_id(result)

@@ -1,9 +1,9 @@
 """Our offline or batch-1 workload on a peer engine (Mini-SGLang or Nano-vLLM), as a result file of
 our schema.
 
-    python scripts/bench_peer.py --engine mini-sglang --model checkpoints/qwen3-0.6b-random \
+    python -m scripts.bench_peer --engine mini-sglang --model checkpoints/qwen3-0.6b-random \
         --out benchmarks/results/h200 --name ladder_minisgl_h200
-    python scripts/bench_peer.py --engine mini-sglang --workload latency --model ... --name peer_minisgl_latency_h200
+    python -m scripts.bench_peer --engine mini-sglang --workload latency --model ... --name peer_minisgl_latency_h200
 
 `--workload latency` is our batch-1 workload (one 512-token prompt, greedy, 128 new tokens). A
 peer's offline API reports no per-token times, so its decode step is a difference of two timed
@@ -38,11 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# Before this script's own folder, whose stages.py would shadow the stages package.
-sys.path.insert(0, str(ROOT))
-
-from stages.common.bench import stamp_run_id  # noqa: E402
+from stages.common.bench import stamp_run_id
 
 # The engines this script drives through their offline API. `final` is ours, measured here by the
 # very method used for the peers (two timed calls for the decode step), so that a comparison of
@@ -186,7 +182,7 @@ def child(args: argparse.Namespace) -> None:
 def run_once(argv: list[str], repeat: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", "--child-out", str(out)]
+        cmd = [sys.executable, "-m", "scripts.bench_peer", *argv, "--child", "--child-out", str(out)]
         print(f"[bench_peer] run {repeat + 1}: {shlex.join(cmd[1:])}", file=sys.stderr, flush=True)
         code = subprocess.run(cmd).returncode
         if code != 0 or not out.exists():
@@ -217,7 +213,7 @@ def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str,
         },  # fmt: skip
         "hardware": runs[0]["hardware"],
         "versions": runs[0]["versions"],
-        "command": shlex.join(["python", "scripts/bench_peer.py", *argv]),
+        "command": shlex.join(["python", "-m", "scripts.bench_peer", *argv]),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if len(runs) > 1:

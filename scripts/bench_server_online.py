@@ -1,8 +1,8 @@
 """The online benchmark against a server we start: final/'s or Mini-SGLang's, on loopback.
 
-    python scripts/bench_server_online.py --engine final --model CKPT --out-dir benchmarks/results/h200 \
+    python -m scripts.bench_server_online --engine final --model CKPT --out-dir benchmarks/results/h200 \
         --name final_online_h200 --rates 8,32,64,inf [--final-args "--chunk-policy prefill-first"]
-    PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH python scripts/bench_server_online.py \
+    PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH python -m scripts.bench_server_online \
         --engine mini-sglang --model CKPT --out-dir benchmarks/results/h200 --name peer_minisgl_online_h200
 
 Starts the engine's OpenAI-compatible server in a process group of its own, polls its
@@ -36,7 +36,6 @@ try:
 except ImportError:  # the GPU host's offline kit ships httpx2 (see bench_online.py)
     import httpx2 as httpx  # type: ignore[no-redef]
 
-ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ("final", "mini-sglang")
 APIS = {"final": "completions", "mini-sglang": "chat"}
 
@@ -67,7 +66,7 @@ def server_command(
 
 def bench_command(args: argparse.Namespace, url: str, python: str = sys.executable) -> list[str]:
     return [
-        python, str(ROOT / "scripts" / "bench_online.py"), "--url", url, "--rates", args.rates,
+        python, "-m", "scripts.bench_online", "--url", url, "--rates", args.rates,
         "--scale", str(args.scale), "--out-dir", str(args.out_dir), "--name", args.name,
         "--stage", args.engine, "--api", APIS[args.engine], "--prompt-text", str(args.model),
         *(["--timing"] if args.engine == "final" else []),  # final/'s per-chunk engine timestamps

@@ -1,7 +1,7 @@
 """Start-up time of the command lines: how long `--help` takes, and where a real run's start-up goes.
 
-    python scripts/bench_startup.py                        # results in benchmarks/results/
-    python scripts/bench_startup.py --repeats 1 --out /tmp/startup   # a quick look
+    python -m scripts.bench_startup                        # results in benchmarks/results/
+    python -m scripts.bench_startup --repeats 1 --out /tmp/startup   # a quick look
 
 Every measurement is a fresh process (a warm import cache is what a reader has on the second
 run, so one untimed run goes first). For every stage and `final` it writes
@@ -24,10 +24,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scripts.stage_contract import list_stages
 
-from scripts.stages import list_stages  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # One real run of stage 01, phase by phase, in a fresh process; prints the phases as JSON.
 PHASES = """
@@ -92,7 +91,7 @@ def record(name: str, stage: str, metrics: dict[str, float], repeats: int) -> di
         "config": {"device": "cpu", "repeats": repeats, "model": "SmolLM2-135M-Instruct"},
         "hardware": hardware.describe(),
         "versions": hardware.versions(),
-        "command": shlex.join(["python", *sys.argv]),
+        "command": shlex.join(["python", "-m", "scripts.bench_startup", *sys.argv[1:]]),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 

@@ -1,8 +1,8 @@
 """Chapter 07's CPU experiment: how many collectives a tensor-parallel decode step makes, and what
 they cost, at TP 1, 2 and 4 over gloo.
 
-    python scripts/bench_tp_collectives.py                         # TP 1, 2, 4; 3 fresh processes each
-    python scripts/bench_tp_collectives.py --tp 2 --repeats 1 --out /tmp/tp   # a quick look
+    python -m scripts.bench_tp_collectives                         # TP 1, 2, 4; 3 fresh processes each
+    python -m scripts.bench_tp_collectives --tp 2 --repeats 1 --out /tmp/tp   # a quick look
 
 The model has Qwen3-0.6B's layout, 28 layers and 16 query heads over 8 KV heads, on a small
 hidden size (256) so that a CPU runs it in milliseconds: the count of collectives depends only on
@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 # torch.distributed's functions that stage 07 calls (distributed.py), and what the table calls them.
 COLLECTIVES = {
@@ -146,7 +145,7 @@ def run_degree(args: argparse.Namespace, model: Path, tp: int) -> dict[str, Any]
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "metrics.json"
-            cmd = [sys.executable, __file__, "--child", "--child-out", str(out), "--model", str(model),
+            cmd = [sys.executable, "-m", "scripts.bench_tp_collectives", "--child", "--child-out", str(out), "--model", str(model),
                    "--tp", str(tp), "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
                    "--warmup", str(args.warmup), "--steps", str(args.steps)]  # fmt: skip
             print(f"[tp-collectives] tp={tp} run {repeat + 1}/{args.repeats}", file=sys.stderr, flush=True)
@@ -177,7 +176,7 @@ def run_degree(args: argparse.Namespace, model: Path, tp: int) -> dict[str, Any]
         },  # fmt: skip
         "hardware": hardware.describe(),
         "versions": hardware.versions(),
-        "command": shlex.join(["python", "scripts/bench_tp_collectives.py", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "scripts.bench_tp_collectives", *sys.argv[1:]]),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if len(runs) > 1:

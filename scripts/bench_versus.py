@@ -1,7 +1,7 @@
 """final/ against Mini-SGLang in one device call: the offline workload, the batch-1 decode step and
 the kernel table of a decode step, both engines measured by the same code, into one JSON.
 
-    PYTHONPATH=.peers/minisgl:$PYTHONPATH python scripts/bench_versus.py \
+    PYTHONPATH=.peers/minisgl:$PYTHONPATH python -m scripts.bench_versus \
         --model checkpoints/qwen3-0.6b-random --out benchmarks/results/h200 --gpu h200 --repeats 3
 
 Each measurement runs in a fresh process (scripts/bench_peer.py for the offline workload and the
@@ -29,10 +29,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # before scripts/, whose stages.py would shadow the stages package
+from stages.common.bench import stamp_run_id
 
-from stages.common.bench import stamp_run_id  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ENGINES = ("final", "mini-sglang")
 BASE = "final-base"  # --base: an older final/, measured beside them
@@ -54,7 +53,7 @@ def peer_run(engine: str, workload: str, args: argparse.Namespace, tmp: Path) ->
     extra = []
     if engine == BASE:  # final/ imported from --base's folder (bench_peer.py checks it was)
         engine, extra = "final", ["--final-path", str(args.base)]
-    cmd = [sys.executable, "scripts/bench_peer.py", "--engine", engine, "--workload", workload, *extra]
+    cmd = [sys.executable, "-m", "scripts.bench_peer", "--engine", engine, "--workload", workload, *extra]
     # --scale shrinks the offline workload only: the batch-1 step is a difference of two calls,
     # which needs its full 128 tokens.
     scale = args.scale if workload == "offline" else 1.0
@@ -175,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
                 name, extra = ("final", ["--final-path", str(args.base)]) if engine == BASE else (engine, [])
                 cmd = [
                     sys.executable,
-                    "scripts/kernel_table.py",
+                    "-m",
+                    "scripts.kernel_table",
                     "--engine",
                     name,
                     *extra,
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         },  # fmt: skip
         "hardware": first["hardware"],
         "versions": first["versions"],
-        "command": shlex.join(["python", "scripts/bench_versus.py", *argv]),
+        "command": shlex.join(["python", "-m", "scripts.bench_versus", *argv]),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         **assemble(runs, kernels),
     }

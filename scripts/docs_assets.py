@@ -1,7 +1,7 @@
 """The scripts the site needs in a reader's browser, shipped with it so the book reads offline.
 
-    python scripts/docs_assets.py           # fetch once (npm registry), unpack into docs/javascripts/vendor/
-    python scripts/docs_assets.py --check   # exit 1 if they are missing or of another version
+    python -m scripts.docs_assets           # fetch once (npm registry), unpack into docs/javascripts/vendor/
+    python -m scripts.docs_assets --check   # exit 1 if they are missing or of another version
 
 MathJax typesets the formulas and Mermaid draws the diagrams. Material for MkDocs would load both
 from a CDN; offline a reader would then see raw `\\(n\\)` and raw `flowchart TB`. We take pinned

@@ -27,7 +27,7 @@ string and number constants, `+ - * /`, and the functions of `Numbers.functions(
   `unchunked` (one run)"), and `when(name, key, yes, no)`: text that depends on whether a result
   has a metric, so a page reads right before and after the run that adds it.
 
-Text inside a macro is scanned for typed numbers like the rest of the page (tests/test_docs_numbers.py).
+Text inside a macro is scanned for typed numbers like the rest of the page (tests/tooling/test_docs_numbers.py).
 
 A name is a result's `name` (benchmarks/results/**) or a profile's path under benchmarks/profiles
 without `.json` (`h200/stage06_decode_step_b64_cuda`).
@@ -45,7 +45,7 @@ figures live in a *numbers block*: a template in an HTML comment, and after it t
     <!-- /numbers -->
 
 `--check` exits 1 when a file's text differs from its template's expansion (the results changed
-or someone edited the text), and tests/test_docs_numbers.py fails the same way.
+or someone edited the text), and tests/tooling/test_docs_numbers.py fails the same way.
 """
 
 from __future__ import annotations

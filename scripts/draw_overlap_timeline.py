@@ -1,7 +1,7 @@
 """Draw chapter 06's schematic: the host and GPU lanes of a few steps, without and with overlap.
 
-    python scripts/draw_overlap_timeline.py           # writes docs/assets/overlap_timeline.svg
-    python scripts/draw_overlap_timeline.py --check   # exit 1 if the committed file is out of date
+    python -m scripts.draw_overlap_timeline           # writes docs/assets/overlap_timeline.svg
+    python -m scripts.draw_overlap_timeline --check   # exit 1 if the committed file is out of date
 
 The costs are illustrative, not measured (the measured timeline is rendered from a profile by
 scripts/render_profile.py): scheduling and launching a step takes the host 3 units, processing a

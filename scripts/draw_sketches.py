@@ -7,8 +7,8 @@ the same bytes:
 - docs/assets/tp_layer.svg (chapter 07): one step at TP=2, the two ranks side by side: what each
   rank holds and computes, the residual adds, and where the collectives join the ranks.
 
-    python scripts/draw_sketches.py           # (re)write both
-    python scripts/draw_sketches.py --check   # exit 1 if a committed file is out of date
+    python -m scripts.draw_sketches           # (re)write both
+    python -m scripts.draw_sketches --check   # exit 1 if a committed file is out of date
 """
 
 from __future__ import annotations

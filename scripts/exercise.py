@@ -1,8 +1,8 @@
 """Build a stage yourself: a copy of the stage with the code its chapter teaches stubbed out.
 
-    python scripts/exercise.py 03                  # writes exercises/03_radix_cache/, lists the stubs
-    python scripts/exercise.py 03 --check          # the stage's CPU tests, run against the copy
-    python scripts/exercise.py 03 --solution --region match   # put one original body back
+    python -m scripts.exercise 03                  # writes exercises/03_radix_cache/, lists the stubs
+    python -m scripts.exercise 03 --check          # the stage's CPU tests, run against the copy
+    python -m scripts.exercise 03 --solution --region match   # put one original body back
 
 The chapter includes code by named snippet sections (`--8<-- "stages/<stage>/<file>.py:<name>"`).
 Every function or method that lies wholly inside one of those sections keeps its signature, its
@@ -32,9 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # as a script, or imported from tests/
-
-from exercise_stubs import (  # noqa: E402, F401  (re-exported: the tests use them)
+from scripts.exercise_stubs import (  # noqa: F401  (re-exported: the tests use them)
     ExerciseError,
     Region,
     Stub,
@@ -199,7 +197,7 @@ def restore_solution(stage: Path, out: Path, wanted: list[str] | None = None) ->
     target = out / stage.name
     if not target.is_dir():
         raise ExerciseError(
-            f"no exercise at {shown(target)}: run `python scripts/exercise.py {stage.name}` first"
+            f"no exercise at {shown(target)}: run `python -m scripts.exercise {stage.name}` first"
         )
     for file, file_regions in by_file(regions).items():
         path = target / file
@@ -213,11 +211,11 @@ def restore_solution(stage: Path, out: Path, wanted: list[str] | None = None) ->
 def stage_tests(stage: Path) -> list[str]:
     """The stage's CPU test files (its GPU files are skipped without CUDA anyway)."""
     number = stage.name.split("_", 1)[0]
-    files = sorted(ROOT.glob(f"tests/test_stage{number}*.py"))
+    files = sorted(ROOT.glob(f"tests/stages/test_stage{number}*.py"))
     return [f.relative_to(ROOT).as_posix() for f in files if not f.stem.endswith("_gpu")]
 
 
-CONFORMANCE = "tests/test_conformance.py"
+CONFORMANCE = "tests/engines/test_conformance.py"
 
 
 def shown(path: Path) -> str:
@@ -249,7 +247,7 @@ def run_check(stage: Path, out: Path, pytest_args: list[str]) -> int:
     target = out / stage.name
     if not target.is_dir():
         raise ExerciseError(
-            f"no exercise at {shown(target)}: run `python scripts/exercise.py {stage.name}` first"
+            f"no exercise at {shown(target)}: run `python -m scripts.exercise {stage.name}` first"
         )
     env = {**os.environ, ENV_VAR: str(target.resolve())}
     pytest = [sys.executable, "-m", "pytest", "-q", "-m", "not gpu and not multi_gpu"]
@@ -283,13 +281,13 @@ def print_stubs(stage: Path, out: Path, stubs: list[Stub]) -> None:
     for command in test_commands(stage, target):
         print(f"  {command}")
     if gpu:
-        print(f"{gpu} stubs marked GPU only are run by no CPU test: tests/test_stage{stage.name[:2]}_gpu.py "
+        print(f"{gpu} stubs marked GPU only are run by no CPU test: tests/stages/test_stage{stage.name[:2]}_gpu.py "
               "checks them on a CUDA host (make gpu-test).")  # fmt: skip
     if untested:
         print(f"{untested} stubs marked no test are base-class defaults that every backend of the stage "
               "overrides: nothing runs them.")  # fmt: skip
     print(
-        f"Stuck? python scripts/exercise.py {stage.name[:2]} --solution --region NAME puts one section back."
+        f"Stuck? python -m scripts.exercise {stage.name[:2]} --solution --region NAME puts one section back."
     )
 
 

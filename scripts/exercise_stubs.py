@@ -6,7 +6,7 @@ a CPU cannot construct (its `__init__` creates a CUDA object or imports a GPU li
 condition: stage 05's `CudaGraph`, every stage's `FlashInferBackend`). A stub that no test runs
 at all is a base-class default every subclass of the stage overrides (stage 05's
 `AttentionBackend.prepare_for_replay`): written for completeness, checked by nothing.
-tests/test_exercise.py traces stage 05's CPU tests to confirm both rules.
+tests/tooling/test_exercise.py traces stage 05's CPU tests to confirm both rules.
 """
 
 from __future__ import annotations

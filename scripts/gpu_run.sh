@@ -16,7 +16,7 @@
 #   kernels       final/kernels checked against their torch references and timed (K/V write, fused
 #                 norm + RoPE + K/V write, sampling, small-M GEMV; scripts/bench_kernels.py), into
 #                 benchmarks/results/<gpu>/kernels_<gpu>.json; its table and the GEMV advice in the log
-#   test-kernels  tests/test_final_gpu_kernels.py alone: the kernels against their references, the
+#   test-kernels  tests/final/kernels/test_final_gpu_kernels.py alone: the kernels against their references, the
 #                 engine with them against without (test-final runs it too)
 #   test-attn     the attention backends' GPU tests (kernels, graphs, engines): on a fresh machine
 #                 most of the time goes to compiling kernels, so one call may not hold them all;
@@ -152,27 +152,27 @@ run_step() {
     fiws-save)  # the FlashInfer JIT cache as it stands, in 15 MB parts (the tool brings back files of
       # at most 16 MiB): copy them to .fiws-cache/ here, and the next call compiles nothing again
       tar -C "$(dirname $FLASHINFER_WORKSPACE_BASE)" -cf - "$(basename $FLASHINFER_WORKSPACE_BASE)" | split -b 15m -d -a 1 - "$out/fiws.tar." ;;
-    ckpt) [ -f $ckpt/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-0.6b --out $ckpt ;;
-    ckpt-8b) [ -f $ckpt8/config.json ] || $py scripts/make_random_checkpoint.py --shape qwen3-8b --out $ckpt8 ;;
-    test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py tests/test_final_gpu.py tests/test_final_penalties.py -k "not server and not bench_online" ;;
+    ckpt) [ -f $ckpt/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-0.6b --out $ckpt ;;
+    ckpt-8b) [ -f $ckpt8/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-8b --out $ckpt8 ;;
+    test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kernels/test_final_gpu_kernels.py tests/final/test_final_gpu.py tests/final/engine/test_final_penalties.py -k "not server and not bench_online" ;;
     test-all) OUT=$out bash scripts/run_gpu_tests.sh ;;
-    kernels) $py scripts/bench_kernels.py --out $results/kernels_$gpu.json ;;
-    test-kernels) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kernels.py ;;
-    test-tp) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_tp_gpu.py ;;
+    kernels) $py -m scripts.bench_kernels --out $results/kernels_$gpu.json ;;
+    test-kernels) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kernels/test_final_gpu_kernels.py ;;
+    test-tp) OUT=$out bash scripts/run_gpu_tests.sh tests/final/distributed/test_final_tp_gpu.py ;;
     bench-final)
       bench --engine final --workload latency --engine-arg attn=fi --name final_latency_fi_$gpu
       bench --engine final --workload latency --engine-arg attn=fi --engine-arg cuda_graph_max_bs=0 --engine-arg overlap=off --name final_latency_fi_eager_$gpu
       bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name final_offline_fi_$gpu
       bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg overlap=off --name final_offline_fi_nooverlap_$gpu
       ;;
-    test-attn) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py ;;
+    test-attn) OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py ;;
     test-attn-fa|test-attn-fi|test-attn-trtllm)  # one backend's kernel and graph tests
       b=${1#test-attn-}
-      OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py \
+      OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py \
         -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside or ${b}4_compiles" ;;
-    test-attn-engine) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py -k "engine or auto" ;;
+    test-attn-engine) OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py -k "engine or auto" ;;
     test-attn-compile)  # issue 26's proof, about a minute: FlashAttention 4 compiles nothing per length
-      OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_attention.py -k "fa4_compiles" ;;
+      OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py -k "fa4_compiles" ;;
     bench-attn)
       # Every backend and pair at page size 16 (one every kernel takes): the offline workload, batch-1
       # decode (latency) and batch-1 prefill at 512, 2048 and 8192 tokens, one fresh process each,
@@ -197,9 +197,9 @@ run_step() {
         # What $OUT holds comes back even from a call cut off at its time limit: keep each pair's.
         keep_partial attn
       done
-      $py scripts/results_attention.py $results
+      $py -m scripts.results_attention $results
       ;;
-    test-stage05) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage05_gpu.py ;;
+    test-stage05) OUT=$out bash scripts/run_gpu_tests.sh tests/stages/test_stage05_gpu.py ;;
     bench-stage05)
       for b in 1 8 64 256; do
         bench --engine stages.05_cuda_graph --workload decode-step --workload-arg batch=$b --engine-arg attn=fi --engine-arg page_size=16 --name stage05_decode_b${b}_graphs_$gpu
@@ -212,11 +212,11 @@ run_step() {
       ;;
     profile-stage05)
       for b in 1 64; do
-        $py scripts/profile_decode_step.py --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu
+        $py -m scripts.profile_decode_step --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu
       done
       ;;
     bench-tp) bench_tp_grid final final ;;
-    test-stage06) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage06_gpu.py ;;
+    test-stage06) OUT=$out bash scripts/run_gpu_tests.sh tests/stages/test_stage06_gpu.py ;;
     bench-stage06)
       bench --engine stages.06_overlap --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage06_offline_overlap_$gpu
       bench --engine stages.06_overlap --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg disable_overlap=1 --name stage06_offline_serial_$gpu
@@ -226,26 +226,26 @@ run_step() {
       bench --engine stages.06_overlap --workload online --workload-arg rate=16 --engine-arg attn=fi --engine-arg page_size=16 --engine-arg disable_overlap=1 --name stage06_online_serial_$gpu
       ;;
     profile-stage06)
-      $py scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/$gpu
+      $py -m scripts.profile_decode_step --stage 06_overlap --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/$gpu
       ;;
     profile-final)
       for b in 1 64; do
-        $py scripts/profile_decode_step.py --stage final --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu || return 1
+        $py -m scripts.profile_decode_step --stage final --steps 8 --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu || return 1
       done
       ;;
-    test-stage07) OUT=$out bash scripts/run_gpu_tests.sh tests/test_stage07_gpu.py ;;
+    test-stage07) OUT=$out bash scripts/run_gpu_tests.sh tests/stages/test_stage07_gpu.py ;;
     bench-stage07) bench_tp_grid stages.07_tensor_parallel stage07 --engine-arg page_size=16 ;;
     peers)  # with bench-final in the same call: the Performance page pairs them by run id
       for w in offline latency; do
-        PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_peer.py --engine mini-sglang --workload $w --model $ckpt --out $results --name peer_minisgl_${w}_$gpu
+        PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py -m scripts.bench_peer --engine mini-sglang --workload $w --model $ckpt --out $results --name peer_minisgl_${w}_$gpu
       done
       ;;
     bench-final-online)
-      $py scripts/bench_server_online.py --engine final --model $ckpt --out-dir $results \
+      $py -m scripts.bench_server_online --engine final --model $ckpt --out-dir $results \
         --name final_online_$gpu --rates "${ONLINE_RATES:-8,32,64,inf}" --port 19190
       ;;
     peers-online)  # with bench-final-online in the same call, at the same rates
-      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_server_online.py --engine mini-sglang \
+      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py -m scripts.bench_server_online --engine mini-sglang \
         --model $ckpt --out-dir $results --name peer_minisgl_online_$gpu --rates "${ONLINE_RATES:-8,32,64,inf}" --port 19290
       ;;
     online-policy)
@@ -253,7 +253,7 @@ run_step() {
       online() {  # NAME ENGINE [ARGS...]: one server, every rate; its results kept at once
         local name=$1 engine=$2
         shift 2
-        $py scripts/bench_server_online.py --engine "$engine" --model $ckpt --out-dir $results --name "$name" \
+        $py -m scripts.bench_server_online --engine "$engine" --model $ckpt --out-dir $results --name "$name" \
           --rates "$rates" --num-requests "$n" "$@" || status=1
         keep_partial online
         return 0
@@ -291,7 +291,7 @@ run_step() {
     profile-ch01)
       for engine in stages.01_naive_generate hf; do
         tag=$([ $engine = hf ] && echo hf_ || true)
-        $py scripts/profile_decode.py --engine $engine --device cuda --dtype bfloat16 --model $ckpt --out $results --name stage01_profile_${tag}$gpu
+        $py -m scripts.profile_decode --engine $engine --device cuda --dtype bfloat16 --model $ckpt --out $results --name stage01_profile_${tag}$gpu
       done
       ;;
     ladder)
@@ -301,8 +301,8 @@ run_step() {
         bench --engine stages.$stage --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name ladder_stage${stage:0:2}_$gpu
       done
       bench --engine final --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name ladder_final_$gpu
-      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_peer.py --engine mini-sglang --model $ckpt --out $results --name ladder_minisgl_$gpu
-      PYTHONPATH=$PWD/.peers/nanovllm:$PYTHONPATH $py scripts/bench_peer.py --engine nano-vllm --model $ckpt --out $results --name ladder_nanovllm_$gpu \
+      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py -m scripts.bench_peer --engine mini-sglang --model $ckpt --out $results --name ladder_minisgl_$gpu
+      PYTHONPATH=$PWD/.peers/nanovllm:$PYTHONPATH $py -m scripts.bench_peer --engine nano-vllm --model $ckpt --out $results --name ladder_nanovllm_$gpu \
         || echo "Nano-vLLM did not run (it needs FlashAttention 2): its ladder row stays empty"
       ;;
     bench-policy)
@@ -313,13 +313,13 @@ run_step() {
     versus)
       # VERSUS_BASE=<folder with an older final/> (e.g. .base: git archive <commit> final | tar -x -C .base)
       # measures that final/ too, in the same call: what the change since then bought.
-      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py scripts/bench_versus.py --model $ckpt --out $results \
+      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py -m scripts.bench_versus --model $ckpt --out $results \
         --gpu $gpu --repeats "${VERSUS_REPEATS:-3}" ${VERSUS_BASE:+--base "$VERSUS_BASE"}
       ;;
     api-cost) $py -m scripts.bench_api_cost --model $ckpt --tick-ms 5 --out-dir $results --name final_api_cost_$gpu ;;
-    host-step) $py scripts/bench_host_step.py --steps 200 --json "$out/logs/host_step.json" ;;
-    graph-launch) $py scripts/bench_graph_launch.py --model $ckpt --batch 1 64 --json "$out/logs/graph_launch.json" ;;
-    test-kv-fp8) OUT=$out bash scripts/run_gpu_tests.sh tests/test_final_gpu_kv_fp8.py ;;
+    host-step) $py -m scripts.bench_host_step --steps 200 --json "$out/logs/host_step.json" ;;
+    graph-launch) $py -m scripts.bench_graph_launch --model $ckpt --batch 1 64 --json "$out/logs/graph_launch.json" ;;
+    test-kv-fp8) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kvcache/test_final_gpu_kv_fp8.py ;;
     kv-fp8)
       local part rc=0
       for part in kv-fp8-accuracy kv-fp8-capacity kv-fp8-kernel kv-fp8-speed; do
@@ -331,15 +331,15 @@ run_step() {
       ;;
     kv-fp8-accuracy)
       local rc=0
-      $py scripts/kv_fp8_accuracy.py --device cuda --attn fi --model $ckpt --model-tag qwen306b --out $results --no-progress || rc=$?
-      $py scripts/kv_fp8_accuracy.py --device cuda --attn fi --model-tag smollm2 --out $results --no-progress || rc=$?
+      $py -m scripts.kv_fp8_accuracy --device cuda --attn fi --model $ckpt --model-tag qwen306b --out $results --no-progress || rc=$?
+      $py -m scripts.kv_fp8_accuracy --device cuda --attn fi --model-tag smollm2 --out $results --no-progress || rc=$?
       return $rc
       ;;
     kv-fp8-capacity)
-      $py scripts/kv_fp8_capacity.py --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 \
+      $py -m scripts.kv_fp8_capacity --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 \
         --memory-ratio 0.9 --device-tag $gpu --out $results
       ;;
-    kv-fp8-kernel) $py scripts/bench_kv_fp8_decode.py --out $results/kv_fp8_decode_kernel_$gpu.json ;;
+    kv-fp8-kernel) $py -m scripts.bench_kv_fp8_decode --out $results/kv_fp8_decode_kernel_$gpu.json ;;
     kv-fp8-speed)
       local kv tag small=${KV_FP8_SMALL_RATIO:-$([ "$gpu" = h100 ] && echo 0.53 || echo 0.32)}
       for kv in bf16 fp8_e4m3; do

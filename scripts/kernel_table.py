@@ -1,7 +1,7 @@
 """The GPU kernels of one decode step of final/ or a peer engine, per kernel and per category.
 
-    python scripts/kernel_table.py --engine final --batch 1 256 --temperature 0 0.6 --json out.json
-    PYTHONPATH=.peers/minisgl:$PYTHONPATH python scripts/kernel_table.py --engine mini-sglang ...
+    python -m scripts.kernel_table --engine final --batch 1 256 --temperature 0 0.6 --json out.json
+    PYTHONPATH=.peers/minisgl:$PYTHONPATH python -m scripts.kernel_table --engine mini-sglang ...
 
 A decode step cannot be cut out of an engine's offline call from the outside, so it is measured
 as a difference: the same prompts (`batch` of them, 512 random tokens each, already in the prefix
@@ -23,11 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # before scripts/, whose stages.py would shadow the stages package
+from scripts import kernel_breakdown as kb
+from scripts.bench_peer import ENGINES, final_engine
 
-from scripts import kernel_breakdown as kb  # noqa: E402
-from scripts.bench_peer import ENGINES, final_engine  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPT_TOKENS = 512
 TOP_KERNELS = 30

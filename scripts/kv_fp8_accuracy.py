@@ -1,10 +1,10 @@
 """An FP8 KV cache against the model's own dtype: how often greedy decoding still agrees, and how far
 the chosen tokens' log-probabilities move (issue 32).
 
-    python scripts/kv_fp8_accuracy.py --model-tag smollm2                      # default model, CPU, torch
-    python scripts/kv_fp8_accuracy.py --model-tag smollm2 --scales calibrated  # per-layer amax/448 scales
-    python scripts/kv_fp8_accuracy.py --model-tag smollm2 --kv-cache-dtype bf16  # the yardstick: bf16
-    python scripts/kv_fp8_accuracy.py --model checkpoints/qwen3-0.6b-random --model-tag qwen306b \\
+    python -m scripts.kv_fp8_accuracy --model-tag smollm2                      # default model, CPU, torch
+    python -m scripts.kv_fp8_accuracy --model-tag smollm2 --scales calibrated  # per-layer amax/448 scales
+    python -m scripts.kv_fp8_accuracy --model-tag smollm2 --kv-cache-dtype bf16  # the yardstick: bf16
+    python -m scripts.kv_fp8_accuracy --model checkpoints/qwen3-0.6b-random --model-tag qwen306b \\
         --device cuda --attn fi --out benchmarks/results/h200
 
 The same prompts go through two engines, one whose KV cache holds the model's dtype (float32 on
@@ -50,16 +50,15 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # first: scripts/stages.py would shadow the stages package
+import final
+from final.core.sampling_params import SamplingParams
+from final.frontend.tokenizer import Tokenizer
+from final.kernels.kv_write import FP8_E4M3_MAX
+from final.models.source import resolve_model
+from stages.common.bench import percentile, stamp_run_id
+from stages.common.hardware import describe, versions
 
-import final  # noqa: E402
-from final.core.sampling_params import SamplingParams  # noqa: E402
-from final.frontend.tokenizer import Tokenizer  # noqa: E402
-from final.kernels.kv_write import FP8_E4M3_MAX  # noqa: E402
-from final.models.source import resolve_model  # noqa: E402
-from stages.common.bench import percentile, stamp_run_id  # noqa: E402
-from stages.common.hardware import describe, versions  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CORPUS = ROOT / "benchmarks" / "data" / "kv_fp8_corpus.txt"
 TOP_K = 5
@@ -239,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "hardware": describe(),
         "versions": versions(),
         "command": shlex.join(
-            ["python", "scripts/kv_fp8_accuracy.py", *(argv if argv is not None else sys.argv[1:])]
+            ["python", "-m", "scripts.kv_fp8_accuracy", *(argv if argv is not None else sys.argv[1:])]
         ),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

@@ -1,7 +1,7 @@
 """How many tokens final/'s KV pool holds at a fixed --memory-ratio, and how many requests of an
 8k-token context fit in it at once, with the model's dtype and with FP8 (issue 32).
 
-    python scripts/kv_fp8_capacity.py --model checkpoints/qwen3-0.6b-random --device cuda \\
+    python -m scripts.kv_fp8_capacity --model checkpoints/qwen3-0.6b-random --device cuda \\
         --attn fi --page-size 16 --memory-ratio 0.9 --out benchmarks/results/h200
 
 Each KV dtype is measured in a process of its own (the engine sizes its pool from the memory left
@@ -30,7 +30,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # first: scripts/stages.py would shadow the stages package
 
 DTYPES = ("auto", "fp8_e4m3")
 
@@ -93,7 +92,7 @@ def result(args: argparse.Namespace, argv: list[str], child: dict, tag: str) -> 
             },  # fmt: skip
             "hardware": describe(),
             "versions": versions(),
-            "command": shlex.join(["python", "scripts/kv_fp8_capacity.py", *argv]),
+            "command": shlex.join(["python", "-m", "scripts.kv_fp8_capacity", *argv]),
             "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
     )
@@ -124,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             child_out = Path(tmp) / "child.json"
             cmd = [
                 sys.executable,
-                __file__,
+                "-m",
+                "scripts.kv_fp8_capacity",
                 *argv,
                 "--child-dtype",
                 kv_cache_dtype,

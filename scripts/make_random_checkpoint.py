@@ -1,8 +1,8 @@
 """Write a random-weight HF checkpoint: Qwen3-0.6B's (or 8B's, 14B's) exact shapes, or a tiny test model.
 
-    python scripts/make_random_checkpoint.py --shape qwen3-0.6b --out checkpoints/qwen3-0.6b-random
-    python scripts/make_random_checkpoint.py --shape qwen3-8b --out checkpoints/qwen3-8b-random
-    python scripts/make_random_checkpoint.py --shape tiny-qwen3 --out /tmp/tiny-qwen3
+    python -m scripts.make_random_checkpoint --shape qwen3-0.6b --out checkpoints/qwen3-0.6b-random
+    python -m scripts.make_random_checkpoint --shape qwen3-8b --out checkpoints/qwen3-8b-random
+    python -m scripts.make_random_checkpoint --shape tiny-qwen3 --out /tmp/tiny-qwen3
 
 The benchmarks use the Qwen3-0.6B shape so results compare with published Qwen3-0.6B figures;
 speed depends on shapes, not on what the weights learned. The 8B (16 GB in bf16) and 14B (30 GB)
@@ -20,7 +20,6 @@ import argparse
 import json
 import shutil
 import struct
-import sys
 import time
 from pathlib import Path
 
@@ -28,11 +27,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, Qwen3Config
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a file, `tests` is not importable otherwise
-    sys.path.insert(0, str(REPO_ROOT))
-
-from tests.fixtures.tiny_models import (  # noqa: E402
+from tests.fixtures.tiny_models import (
     ENDOFTEXT,
     IM_END,
     make_tiny_checkpoint,

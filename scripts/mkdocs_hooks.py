@@ -9,7 +9,7 @@ keep this in the hooks rather than use mkdocs-macros-plugin: that plugin runs Ji
 page, where the chat templates and Python that the chapters quote would need escaping, and its
 errors name a template, not the result file that is missing; ours touches only `{{ f(...) }}` of
 our own functions, evaluates them without `eval`, and shares its code with the test that scans
-the pages for numbers typed by hand (tests/test_docs_numbers.py).
+the pages for numbers typed by hand (tests/tooling/test_docs_numbers.py).
 
 Notebooks: their source is the jupytext scripts `docs/notebooks/NN_*.py`. `make test` (and
 `make notebooks-run`) converts each to `build/notebooks/NN_*.ipynb` and executes it once with
@@ -25,18 +25,15 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files, InclusionLevel
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # mkdocs loads this file by path: `scripts` is not importable otherwise
-    sys.path.insert(0, str(ROOT))
+from scripts import docs_numbers
 
-from scripts import docs_numbers  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EXECUTED = ROOT / "build" / "notebooks"  # build/notebooks/NN_name.ipynb, executed by make test
 UNEXECUTED = ROOT / "build" / "notebooks-unexecuted"

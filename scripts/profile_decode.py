@@ -1,7 +1,7 @@
 """Where a batch-1 decode step's time goes: stage 01 or HF transformers `generate`, under torch.profiler.
 
-    python scripts/profile_decode.py --engine stages.01_naive_generate --device cpu --scale 0.25
-    python scripts/profile_decode.py --engine hf --device cuda --dtype bfloat16 --model checkpoints/qwen3-0.6b-random
+    python -m scripts.profile_decode --engine stages.01_naive_generate --device cpu --scale 0.25
+    python -m scripts.profile_decode --engine hf --device cuda --dtype bfloat16 --model checkpoints/qwen3-0.6b-random
 
 Chapter 01's H200 table shows HF's decode step well above stage 01's although both do the same
 arithmetic. This separates the candidates: how many operators (`aten_ops_per_step`) and, on a GPU,
@@ -25,9 +25,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # before this script's folder, whose stages.py would shadow the package
 
 
 def make_runner(args: argparse.Namespace):
@@ -139,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         },  # fmt: skip
         "hardware": describe(),
         "versions": versions(),
-        "command": shlex.join(["python", "scripts/profile_decode.py", *argv]),
+        "command": shlex.join(["python", "-m", "scripts.profile_decode", *argv]),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     args.out.mkdir(parents=True, exist_ok=True)

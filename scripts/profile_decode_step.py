@@ -2,13 +2,13 @@
 eager and replayed from a CUDA graph; stage 06's run of consecutive steps, overlap off and on; or
 final/'s run of consecutive steps as it serves (CUDA graphs and overlap on) and with both off.
 
-    python scripts/profile_decode_step.py --model checkpoints/qwen3-0.6b-random --device cuda \\
+    python -m scripts.profile_decode_step --model checkpoints/qwen3-0.6b-random --device cuda \\
         --dtype bfloat16 --attn fi --page-size 16 --batch 1 --out benchmarks/profiles/h200
-    python scripts/profile_decode_step.py --stage 06_overlap --steps 8 --model checkpoints/qwen3-0.6b-random \\
+    python -m scripts.profile_decode_step --stage 06_overlap --steps 8 --model checkpoints/qwen3-0.6b-random \\
         --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/h200
-    python scripts/profile_decode_step.py --stage final --steps 8 --model checkpoints/qwen3-0.6b-random \\
+    python -m scripts.profile_decode_step --stage final --steps 8 --model checkpoints/qwen3-0.6b-random \\
         --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch 64 --out benchmarks/profiles/h200
-    python scripts/render_profile.py    # the JSON files -> docs/assets/profiles/*.png: chapters 05, 06, Performance
+    python -m scripts.render_profile    # the JSON files -> docs/assets/profiles/*.png: chapters 05, 06, Performance
 
 `batch` requests with random `prompt_len`-token prompts are prefilled, a few decode steps warm
 both paths up, then the torch profiler records one whole engine step (`LLM.step()`: schedule,
@@ -49,10 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # first: scripts/stages.py must not shadow the stages package
-
-from scripts import kernel_breakdown  # noqa: E402
+from scripts import kernel_breakdown
 
 STEP_LABEL = "decode step"
 STAGES = ("05_cuda_graph", "06_overlap", "final")
@@ -300,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "modes": modes,
         "hardware": hardware,
         "versions": versions(),
-        "command": shlex.join(["python", "scripts/profile_decode_step.py", *(argv or sys.argv[1:])]),
+        "command": shlex.join(["python", "-m", "scripts.profile_decode_step", *(argv or sys.argv[1:])]),
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     prefix = "final" if args.stage == "final" else f"stage{args.stage[:2]}"

@@ -1,8 +1,8 @@
 """Carry a fix in a stage file forward into the later stages that do not change that file.
 
-    python scripts/propagate.py stages/01_naive_generate/sampling.py   # copy the fix forward
-    python scripts/propagate.py --dry-run stages/01_naive_generate/sampling.py
-    python scripts/propagate.py --check                                 # list contract violations
+    python -m scripts.propagate stages/01_naive_generate/sampling.py   # copy the fix forward
+    python -m scripts.propagate --dry-run stages/01_naive_generate/sampling.py
+    python -m scripts.propagate --check                                 # list contract violations
 
 A stage that declares the file in CHANGED_FILES (or REMOVED_FILES) has its own version, and so do
 the stages after it: propagation stops there, and the fix has to be ported by hand.
@@ -14,9 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.stages import (  # noqa: E402
+from scripts.stage_contract import (
     IMPLICIT_CHANGED,
     ROOT,
     STAGE_DIR_RE,

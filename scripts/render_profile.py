@@ -2,8 +2,8 @@
 scripts/profile_decode_step.py) into figures and a fragment per profiled engine: stages 05 and 06
 for their chapters, final/ for the Performance page.
 
-    python scripts/render_profile.py           # docs/assets/profiles/*.png, docs/generated/profile_*.md
-    python scripts/render_profile.py --check   # exit 1 if a committed fragment is out of date
+    python -m scripts.render_profile           # docs/assets/profiles/*.png, docs/generated/profile_*.md
+    python -m scripts.render_profile --check   # exit 1 if a committed fragment is out of date
 
 Each profile becomes one figure: its stage's two runs on one time axis, in each the host's CUDA
 calls above and the GPU's kernels below. Stage 05: one decode step eager (top) and replayed from a
@@ -24,10 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scripts import generated
 
-from scripts import generated  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PROFILES_DIR = Path("benchmarks/profiles")
 FIGURES_DIR = Path("docs/assets/profiles")

@@ -1,7 +1,7 @@
 """Render benchmark results (``benchmarks/results/**/*.json``) into docs tables and plots.
 
-    python scripts/render_results.py           # write docs/generated/*results*.md, docs/assets/plots/*.png
-    python scripts/render_results.py --check   # exit 1 if the committed markdown is out of date
+    python -m scripts.render_results           # write docs/generated/*results*.md, docs/assets/plots/*.png
+    python -m scripts.render_results --check   # exit 1 if the committed markdown is out of date
 
 Every result belongs to a group: its ``name`` up to the first ``_``, ``-`` or ``.``
 (``stage01_offline_cpu`` -> ``stage01``). Each group gets
@@ -28,9 +28,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts import (  # noqa: E402
+from scripts import (
     generated,
     results_attention,
     results_kernels,
@@ -40,7 +38,7 @@ from scripts import (  # noqa: E402
     results_plots,
     results_versus,
 )
-from scripts.results_model import (  # noqa: E402, F401  (re-exported: the tests and other scripts use them)
+from scripts.results_model import (  # noqa: F401  (re-exported: the tests and other scripts use them)
     DIRTY_MARK,
     DIRTY_NOTE,
     HEADER,
@@ -65,7 +63,7 @@ from scripts.results_model import (  # noqa: E402, F401  (re-exported: the tests
     spread,
     varying_config,
 )
-from scripts.stages import ROOT, list_stages  # noqa: E402
+from scripts.stage_contract import ROOT, list_stages
 
 RESULTS_DIR = Path("benchmarks/results")
 GENERATED_DIR = Path("docs/generated")

@@ -1,6 +1,6 @@
 """The attention backends side by side, for docs/serving/attention.md and for `--attn auto`.
 
-    python scripts/results_attention.py benchmarks/results/h200    # which backend wins each phase
+    python -m scripts.results_attention benchmarks/results/h200    # which backend wins each phase
 
 `bash scripts/gpu_run.sh bench-attn` measures every `--attn` pair on one GPU at page size 16:
 `attn_offline_<pair>_<gpu>.json` (the offline workload), `attn_latency_<pair>_<gpu>.json` (batch-1
@@ -26,10 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from final.attention.registry import auto_candidates, reference_backend  # noqa: E402  (no torch: light)
-from scripts.results_model import (  # noqa: E402
+from final.attention.registry import auto_candidates, reference_backend  # (no torch: light)
+from scripts.results_model import (
     HEADER,
     Result,
     ResultError,

@@ -75,7 +75,7 @@ def percent(value: float) -> str:
 def accuracy(results: list[Result]) -> list[str]:
     rows = by_workload(results, "kv-fp8-accuracy")
     if not rows:
-        return [f"No accuracy results yet: `python scripts/kv_fp8_accuracy.py` (CPU) or {GPU_STEP}.", ""]
+        return [f"No accuracy results yet: `python -m scripts.kv_fp8_accuracy` (CPU) or {GPU_STEP}.", ""]
     body = []
     for r in rows:
         c, m = r.config, r.metrics

@@ -27,7 +27,7 @@ from scripts.results_model import (
     format_ratio,
     format_value,
 )
-from scripts.stages import list_stages
+from scripts.stage_contract import list_stages
 
 GROUP = "ladder"
 WORKLOAD = "offline"

@@ -2,7 +2,7 @@
 # Runs the GPU-marked tests (`gpu or multi_gpu`) on a CUDA host (a lent host with no package index:
 # install what they need with scripts/device_kit.sh first).
 #
-#   bash scripts/run_gpu_tests.sh [extra pytest arguments, e.g. -x or tests/test_attention.py]
+#   bash scripts/run_gpu_tests.sh [extra pytest arguments, e.g. -x or tests/final/attention/test_final_gpu_attention.py]
 #
 # On a CUDA host a skipped GPU test is a failure: it means a kernel library, a GPU or a second
 # GPU was missing, and the run proved nothing. So the script exits 1 when any test failed, was

@@ -1,7 +1,7 @@
 """Soak `python -m final` on loopback: minutes at saturation with aborts and bad requests mixed in.
 
-    python scripts/soak.py                     # 10 minutes on the default model (make soak)
-    python scripts/soak.py --duration 30       # a short run that proves the setup works
+    python -m scripts.soak                     # 10 minutes on the default model (make soak)
+    python -m scripts.soak --duration 30       # a short run that proves the setup works
 
 It starts its own server (the default model unless --model), warms it up, reads the baseline
 (KV pool from /metrics, RSS of the server and its engine), then runs --concurrency workers for

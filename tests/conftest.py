@@ -21,13 +21,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-# With rootdir-relative conftest imports, a bare `pytest` puts tests/ on sys.path, not the
-# repository root; `stages`, `final` and `tests.fixtures` are imported from the root.
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
+# After the environment above: the fixtures import tokenizers and transformers.
 from tests.fixtures.tiny_models import make_tiny_checkpoint, train_tiny_tokenizer  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bind_exercise_stage(folder: str) -> None:
@@ -117,7 +114,7 @@ def tiny_model_dir(request: pytest.FixtureRequest) -> Iterator[Path]:
 def qwen3_06b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The Qwen3-0.6B-shaped random checkpoint (bf16, ~1.2 GB) of the GPU tests, written once."""
     out = tmp_path_factory.mktemp("qwen3_06b") / "ckpt"
-    subprocess.run([sys.executable, "scripts/make_random_checkpoint.py", "--shape", "qwen3-0.6b", "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "scripts.make_random_checkpoint", "--shape", "qwen3-0.6b", "--out", str(out)],
                    cwd=REPO_ROOT, check=True)  # fmt: skip
     return out
 

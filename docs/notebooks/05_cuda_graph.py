@@ -21,19 +21,6 @@
 # that padding rows write only into the padding page.
 
 # %%
-# Make the repository importable: walk up from the working directory to the folder holding stages/.
-# The imports of later cells need this one first:
-# ruff: noqa: E402
-import sys
-from pathlib import Path
-
-root = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stages").is_dir()), None)
-if root is None:
-    raise RuntimeError("run this notebook from inside the repository (no stages/ folder above the cwd)")
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
-
-# %%
 import importlib
 import logging
 import time

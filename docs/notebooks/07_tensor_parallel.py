@@ -21,28 +21,18 @@
 # its processes with it.
 
 # %%
-# Make the repository importable: walk up from the working directory to the folder holding stages/.
-# The imports of later cells need this one first:
-# ruff: noqa: E402
-import sys
-from pathlib import Path
-
-root = next((p for p in [Path.cwd(), *Path.cwd().parents] if (p / "stages").is_dir()), None)
-if root is None:
-    raise RuntimeError("run this notebook from inside the repository (no stages/ folder above the cwd)")
-if str(root) not in sys.path:
-    sys.path.insert(0, str(root))
-
-# %%
 import importlib
 import logging
 import os
 import signal
 import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import torch
 
+import stages
 from stages.common.errors import UserError
 from stages.common.model_config import load_model_config
 from stages.common.model_source import resolve_model
@@ -66,8 +56,8 @@ TPInfo = distributed.TPInfo
 # %%
 tiny = Path(tempfile.mkdtemp()) / "tiny-qwen3"
 subprocess.run(
-    [sys.executable, str(root / "scripts/make_random_checkpoint.py"), "--shape", "tiny-qwen3", "--out", str(tiny)],
-    check=True, capture_output=True,
+    [sys.executable, "-m", "scripts.make_random_checkpoint", "--shape", "tiny-qwen3", "--out", str(tiny)],
+    cwd=Path(stages.__file__).parents[1], check=True, capture_output=True,  # scripts run from the repository root
 )  # fmt: skip
 config = load_model_config(tiny)
 print(

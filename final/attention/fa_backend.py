@@ -52,7 +52,7 @@ class FlashAttention4:
     bound is the step's query count and the flag stays false (line 950): one prefill kernel per
     head size, dtype, causal mask and page size on Hopper. Blackwell may add one for steps of at
     most 128 / group rows (one Q tile per CTA, line 389); batches above 256 requests one more
-    (line 82). tests/test_final_gpu_attention.py counts them.
+    (line 82). tests/final/attention/test_final_gpu_attention.py counts them.
     """
 
     def __init__(self, module):

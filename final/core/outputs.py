@@ -8,7 +8,7 @@
 
 A RequestOutput also keeps the fields of the stages' RequestOutput (stages/common/outputs.py),
 which describe the first answer (`out.text`, `out.token_ids`, `out.prompt_ids`, the timings), so
-a script written against a stage runs against final/ unchanged; tests/test_final_copies.py
+a script written against a stage runs against final/ unchanged; tests/final/test_final_copies.py
 checks that every one of them is here.
 """
 

@@ -18,7 +18,7 @@ SAMPLING_GROUP_HELP = (
 )
 PUBLIC_PATHS = ("/health", "/metrics", "/openapi.json", "/docs")  # what --public-paths may name
 # runtime/heartbeat.py's and server/timeouts.py's defaults, written out so that `--help` imports
-# neither torch nor uvicorn; tests/test_final_server_engine_loss.py keeps them equal.
+# neither torch nor uvicorn; tests/final/server/test_final_server_engine_loss.py keeps them equal.
 DEFAULT_READ_TIMEOUT_S = 30.0
 DEFAULT_SILENCE_S = 10.0
 DEFAULT_STEP_TIMEOUT_S = 600.0

@@ -29,7 +29,7 @@ class OutputDelta:
 class RequestState:
     """`text_at_end`: the caller reads the text only once the request has finished (the offline
     `LLM.generate`): a request without stop strings then decodes its tokens once, at the end, in
-    one push through the same detokenizer (the same text: tests/test_final_detokenizer.py), instead
+    one push through the same detokenizer (the same text: tests/final/frontend/test_final_detokenizer.py), instead
     of twice per token while the engine waits for the host. Streaming callers get text per delta."""
 
     def __init__(

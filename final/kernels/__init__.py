@@ -10,9 +10,9 @@ beside the torch code it replaces.
 
 Every file holds the torch reference (what runs on the CPU, for float32, and where Triton or
 FlashInfer is missing), the kernel, and a dispatch that picks one. The references are what the
-tests compare the kernels with: on a GPU (tests/test_final_gpu_kernels.py,
+tests compare the kernels with: on a GPU (tests/final/kernels/test_final_gpu_kernels.py,
 scripts/bench_kernels.py) and on the CPU through Triton's interpreter
-(tests/test_final_kernels_interpret.py).
+(tests/final/kernels/test_final_kernels_interpret.py).
 
 Triton is imported only when a kernel is first built (`triton_available`, the `_jit` builders):
 a CPU install may not have it, and importing it costs start-up time the CLI should not pay.

@@ -78,7 +78,7 @@ def flashinfer_sample(
 def _filters(fi: ModuleType) -> tuple[tuple, tuple, tuple]:
     """(renorm, sample) per filter, in the reference's order: top-k, top-p, min-p."""
     # No top_k_sampling_from_probs: on an H200 (FlashInfer 0.7.2.post1, 2026-11-25) it drew tokens
-    # outside the top k (tests/test_final_gpu_kernels.py, top_k=5 alone: several percent of the
+    # outside the top k (tests/final/kernels/test_final_gpu_kernels.py, top_k=5 alone: several percent of the
     # draws), while top_k_renorm_probs followed by a plain draw keeps to them.
     return (
         (fi.top_k_renorm_probs, None),

@@ -13,7 +13,7 @@ at batch 1 as at batch 256. Each kernel here does its whole job in one launch: a
 of the rows before it (at most a few hundred numbers), so no prefix sum has to be computed first.
 
 The torch functions are the references (the CPU, and where Triton is missing); the tests compare
-the kernels with them (tests/test_final_kernels_interpret.py on the CPU, the GPU tests).
+the kernels with them (tests/final/kernels/test_final_kernels_interpret.py on the CPU, the GPU tests).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 how to read that config and which class implements it.
 
 Every architecture served today is a Llama-family decoder, read by core/model_config.py (a copy
-of the stages' reader, pinned to it by tests/test_final_copies.py) and built by
+of the stages' reader, pinned to it by tests/final/test_final_copies.py) and built by
 `LlamaForCausalLM`. A new family (MoE, sliding window, ...) is a new file with its class (and,
 if its config.json says more than the Llama reader reads, its reader) plus one line here.
 """

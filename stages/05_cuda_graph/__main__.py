@@ -17,7 +17,7 @@ from stages.common.errors import run_cli
 from .radix_cache import CACHES
 
 # scheduler.py's DEFAULT_MAX_PREFILL_LENGTH and POLICIES, written out so that `--help` needs no
-# torch (the scheduler imports it); tests/test_cli_start.py keeps the two equal.
+# torch (the scheduler imports it); tests/engines/test_cli_start.py keeps the two equal.
 MAX_PREFILL_LENGTH = 8192
 CHUNK_POLICIES = ("mixed", "prefill-first")
 

@@ -1,0 +1,1 @@
+"""final/distributed: tensor parallelism, over gloo on the CPU and NCCL on GPUs."""

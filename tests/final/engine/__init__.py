@@ -1,0 +1,1 @@
+"""final/engine: the step loop, overlap, CUDA graphs, penalties, structured outputs."""

@@ -1,0 +1,163 @@
+"""final/'s decode CUDA graphs (engine/graph.py), on the CPU: the batch sizes, the padding, and
+replay == eager through the whole engine.
+
+A GPU records a CUDA graph; on the CPU the graph runner takes `EagerGraph`, whose replay runs the
+captured step function again. That function reads only the static buffers, so everything the
+graph path adds (staging the step into static buffers, padding rows on the padding page, reading
+each row's token from the token table, picking the sampled rows' logits) is checked here against
+the eager path; tests/final/test_final_gpu.py runs the same comparison with real graphs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+import final
+from final.attention.torch_backend import TorchBackend
+from final.core.sampling_params import SamplingParams
+from final.engine.graph import EagerGraph, GraphRunner, capture_sizes, padded_size
+from tests.fixtures.tiny_models import sample_prompts
+
+
+def test_capture_sizes_are_1_2_4_8_then_every_8():
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(3) == [1, 2, 3]
+    assert capture_sizes(8) == [1, 2, 4, 8]
+    assert capture_sizes(12) == [1, 2, 4, 8, 12]
+    sizes = capture_sizes(256)
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == 256 and len(sizes) == 35
+    assert all(b - a == 8 for a, b in zip(sizes[3:], sizes[4:], strict=False))
+
+
+@pytest.mark.parametrize("batch, padded", [(1, 1), (3, 4), (4, 4), (5, 8), (9, 16), (16, 16), (17, None)])
+def test_a_batch_replays_the_smallest_graph_that_holds_it(batch, padded):
+    assert padded_size(capture_sizes(16), batch) == padded
+
+
+class CountingGraph(EagerGraph):
+    replays: Counter = Counter()
+
+    def __init__(self, pool=None):
+        super().__init__(pool)
+        self.size = 0
+
+    def replay(self) -> None:
+        CountingGraph.replays[self.size] += 1
+        super().replay()
+
+
+def with_graphs(llm: final.LLM, max_batch: int) -> GraphRunner:
+    """Give a CPU engine decode graphs (EagerGraph stand-ins) of up to `max_batch` rows."""
+    runner = llm.core.executor.runner
+    made: list[CountingGraph] = []
+
+    def factory(pool):
+        made.append(CountingGraph(pool))
+        return made[-1]
+
+    graphs = GraphRunner(runner, max_batch, factory)
+    for size, graph in graphs.graphs.items():
+        graph.size = size
+    llm.core.executor.graphs = graphs
+    return graphs
+
+
+def run(llm: final.LLM, prompts, params, arrivals, aborts: dict[int, int]) -> list[final.RequestOutput]:
+    """Add prompt i at step arrivals[i], abort request i at step aborts[i]; check the pool after
+    every step. Outputs of aborted requests are None."""
+    rids: dict[int, int] = {}
+    outputs: dict[int, final.RequestOutput] = {}
+    step = 0
+    while len(outputs) + len(aborts) < len(prompts):
+        for i, at in enumerate(arrivals):
+            if at == step:
+                rids[i] = llm.add_request(prompts[i], params[i])
+        for i, at in aborts.items():
+            if at == step and i in rids:
+                llm.core.abort(rids[i])
+                llm.requests.pop(rids[i], None)
+        by_rid = {rid: i for i, rid in rids.items()}
+        for rid, out in llm.step():
+            outputs[by_rid[rid]] = out
+        llm.core.check_integrity()
+        step += 1
+        assert step < 2000
+    return [outputs.get(i) for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_replay_equals_eager_with_padding_chunks_radix_hits_preemption_and_aborts(arch, tmp_path_factory):
+    from tests.fixtures.tiny_models import make_tiny_checkpoint
+
+    model_dir = make_tiny_checkpoint(tmp_path_factory.mktemp(f"graphs_{arch}"), arch)
+    base = sample_prompts(model_dir, n=10, seed=5)
+    head = base[1][:40]  # a shared prefix: later prompts hit the radix cache
+    prompts = base + [head + p[:8] for p in base[2:6]]
+    params = [
+        SamplingParams(temperature=0, max_tokens=10 + 4 * (i % 5), ignore_eos=True, logprobs=5)
+        for i in range(len(prompts))
+    ]
+    arrivals = [0, 0, 0, 1, 2, 2, 3, 5, 8, 8, 9, 12, 12, 13]
+    aborts = {4: 6, 11: 15}
+    # A small pool (preemption), a small prefill budget (chunks, and 1-token prompt chunks in
+    # decode-shaped steps), page size 2 (padding rows share a page table with real ones).
+    kwargs = dict(page_size=2, num_pages=90, max_prefill_length=9, max_running_requests=16)
+    eager = final.LLM(str(model_dir), device="cpu", dtype="float32", **kwargs)
+    graphed = final.LLM(str(model_dir), device="cpu", dtype="float32", **kwargs)
+    CountingGraph.replays.clear()
+    with_graphs(graphed, max_batch=16)
+    want = run(eager, prompts, params, arrivals, aborts)
+    got = run(graphed, prompts, params, arrivals, aborts)
+    assert sum(CountingGraph.replays.values()) > 20, "the decode steps did not replay graphs"
+    assert set(CountingGraph.replays) - {1, 2, 4, 8, 16} == set()
+    assert any(size in CountingGraph.replays for size in (4, 8, 16)), "no padded replay"
+    assert graphed.core.scheduler.num_preemptions > 0, "the workload should preempt"
+    for w, g in zip(want, got, strict=True):
+        if w is None:
+            assert g is None
+            continue
+        assert g.token_ids == w.token_ids
+        for a, b in zip(g.logprobs, w.logprobs, strict=True):
+            assert a["top_ids"] == b["top_ids"]
+            torch.testing.assert_close(
+                torch.tensor(a["top_logprobs"]), torch.tensor(b["top_logprobs"]), atol=1e-4, rtol=0
+            )
+    pool = graphed.core.executor.runner.pool
+    assert pool.padding_page == pool.num_pages  # the padding rows' page is no request's
+
+
+def test_padding_rows_write_only_the_padding_page(tiny_qwen3_dir):
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", page_size=4, num_pages=64)
+    CountingGraph.replays.clear()
+    with_graphs(llm, max_batch=8)
+    prompts = sample_prompts(tiny_qwen3_dir, n=3, seed=2)
+    for p in prompts:
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    llm.step()  # the prefill: eager
+    pool = llm.core.executor.runner.pool
+    slots_k = pool.k.view(pool.k.shape[0], -1, *pool.k.shape[3:])  # [layers, slots, heads, dim]
+    before = slots_k.clone()
+    running = list(llm.core.scheduler.running)
+    llm.step()  # 3 decodes, replayed as 4: one padding row
+    assert CountingGraph.replays == Counter({4: 1})
+    # The decode wrote each request's newest token, at position seq_len - 1, and nothing else
+    # outside the padding page.
+    written = set()
+    for r in running:
+        pos = r.num_computed - 1
+        written.add(r.kv.pages[pos // pool.page_size] * pool.page_size + pos % pool.page_size)
+    changed = (slots_k != before).any(dim=(0, 2, 3)).nonzero().flatten().tolist()
+    padding = range(pool.padding_page * pool.page_size, (pool.padding_page + 1) * pool.page_size)
+    assert {s for s in changed if s not in padding} == written, "a padding row wrote into a live page"
+    assert any(s in padding for s in changed), "the padding row wrote nothing: was it padded?"
+
+
+def test_torch_backend_declines_graphs_it_cannot_afford(tiny_qwen3_dir):
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    backend = llm.core.executor.runner.backend
+    assert isinstance(backend, TorchBackend)
+    assert backend.graph_unsupported_reason(8) is None
+    assert "MiB per layer" in backend.graph_unsupported_reason(10**7)

@@ -1,0 +1,1 @@
+"""final/frontend: detokenizing, the token path to the server, sampling defaults."""

@@ -1,0 +1,1 @@
+"""final/kernels: the Triton kernels, interpreted on the CPU and compiled on a GPU."""

@@ -1,0 +1,333 @@
+"""final/kernels' Triton kernels on the CPU: run by Triton's interpreter against their torch
+references on fresh random inputs, and compiled for Hopper (sm_90) by Triton's real compiler,
+which needs no GPU and catches what the interpreter lets through.
+
+Triton reads TRITON_INTERPRET when it is first imported (its own library functions, tl.sum
+among them, are built then), so the interpreter tests run in a process of their own:
+`test_kernels_under_the_interpreter` runs this file again with TRITON_INTERPRET=1, where the
+tests marked `interpreted` run (and the `compiled` ones skip). The interpreter rounds float32 -> bf16 by truncation and
+float32 -> float8 wrongly, so exact comparisons use float16 and the bf16 cases allow one bf16
+step; the fp8 store is checked on a GPU (tests/final/kernels/test_final_gpu_kernels.py). Shapes are small:
+the interpreter runs one program at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests import ROOT
+
+triton = pytest.importorskip("triton", reason="needs Triton (pip install triton; Linux only)")
+
+from final.kernels import gemv, kv_write, qk_norm_rope_kv, step_metadata  # noqa: E402
+from final.models import fused  # noqa: E402
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+BF16_STEP = 2**-7  # one bf16 step, relative
+interpreted = pytest.mark.skipif(
+    not INTERPRETING, reason="run with TRITON_INTERPRET=1 by test_kernels_under_the_interpreter"
+)
+compiled = pytest.mark.skipif(INTERPRETING, reason="Triton was imported as its interpreter")
+
+
+@compiled
+def test_kernels_under_the_interpreter():
+    """This file's interpreter tests, in a fresh process with TRITON_INTERPRET=1."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", __file__]
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout, run.stdout[-2000:]
+
+
+def paged_pool(pages: int, page_size: int, heads: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """One layer's pool as slots, poisoned with NaN: a slot the kernel must not touch stays NaN.
+    The last page is the padding page."""
+    return torch.full(((pages + 1) * page_size, heads, dim), float("nan"), dtype=dtype)
+
+
+def step_slots(tokens: int, pages: int, page_size: int, padding_rows: int, dtype: torch.dtype):
+    """Distinct slots in live pages, then `padding_rows` rows all at the padding page's first slot
+    (what a CUDA-graph step's padding rows write)."""
+    live = torch.randperm(pages * page_size)[: tokens - padding_rows]
+    padding = torch.full((padding_rows,), pages * page_size)
+    return torch.cat([live, padding]).to(dtype)
+
+
+def assert_same_pool(got: torch.Tensor, want: torch.Tensor, page_size: int, atol: float = 0.0) -> None:
+    """Equal outside the padding page, NaN where nothing was written; the padding page is garbage."""
+    live = slice(0, got.shape[0] - page_size)
+    torch.testing.assert_close(got[live].float(), want[live].float(), atol=atol, rtol=0, equal_nan=True)
+
+
+@interpreted
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_kv_write_matches_index_put(page_size, dtype, slot_dtype):
+    torch.manual_seed(page_size)
+    tokens, q_heads, kv_heads, dim, pages = 9, 4, 2, 16, 8
+    # k and v as the model has them: strided views of the fused qkv projection's output
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * dim).to(dtype)
+    k = qkv[:, q_heads * dim : (q_heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v = qkv[:, (q_heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    slots = step_slots(tokens, pages, page_size, padding_rows=3, dtype=slot_dtype)
+    k_cache, v_cache = (paged_pool(pages, page_size, kv_heads, dim, dtype) for _ in range(2))
+    k_want, v_want = k_cache.clone(), v_cache.clone()
+    kv_write.triton_store_kv(k_cache, v_cache, slots, k, v)
+    kv_write.torch_store_kv(k_want, v_want, slots, k, v)
+    assert_same_pool(k_cache, k_want, page_size)
+    assert_same_pool(v_cache, v_want, page_size)
+    padding_slot = pages * page_size
+    assert any(torch.equal(k_cache[padding_slot], k[i]) for i in range(tokens - 3, tokens))
+
+
+def rope_table(positions: int, dim: int) -> torch.Tensor:
+    angles = torch.outer(
+        torch.arange(positions, dtype=torch.float32), 1e4 ** -(torch.arange(0, dim, 2) / dim)
+    )
+    return torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+@interpreted
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("heads_per_program", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_qk_norm_rope_kv_matches_its_reference(monkeypatch, page_size, norm, heads_per_program, dtype):  # fmt: skip
+    # 4 heads a program past SMALL_STEP_TOKENS: with 6 query heads the second block is half empty
+    monkeypatch.setattr(qk_norm_rope_kv, "SMALL_STEP_TOKENS", 100 if heads_per_program == 1 else 2)
+    torch.manual_seed(page_size + norm)
+    tokens, q_heads, kv_heads, dim, pages = 7, 6, 2, 16, 8
+    qkv = (torch.randn(tokens, (q_heads + 2 * kv_heads) * dim) * 3).to(dtype)
+    positions = torch.tensor([0, 5, 17, 1, 63, 0, 0], dtype=torch.int32)  # the last two: padding rows
+    slots = step_slots(tokens, pages, page_size, padding_rows=2, dtype=torch.int32)
+    weights = (torch.randn(dim).to(dtype), torch.randn(dim).to(dtype)) if norm else (None, None)
+    cos_sin = rope_table(64, dim)
+    k_cache, v_cache = (paged_pool(pages, page_size, kv_heads, dim, dtype) for _ in range(2))
+    k_want, v_want = k_cache.clone(), v_cache.clone()
+    args = (q_heads, kv_heads, positions, cos_sin)
+    q = qk_norm_rope_kv.triton_qk_norm_rope_kv(qkv, *args, k_cache, v_cache, slots, *weights, 1e-6)
+    q_want = qk_norm_rope_kv.torch_qk_norm_rope_kv(qkv, *args, k_want, v_want, slots, *weights, 1e-6)
+    # float16: rounding as torch does (the norm's sum may differ in its last bit); bf16: the
+    # interpreter truncates, one step of the largest value (|x| < 32 after the norm)
+    atol = 0.01 if dtype == torch.float16 else 32 * BF16_STEP
+    torch.testing.assert_close(q.float(), q_want.float(), atol=atol, rtol=0)
+    assert_same_pool(k_cache, k_want, page_size, atol=atol)
+    assert_same_pool(v_cache, v_want, page_size)  # v is copied: exact
+
+
+def test_fused_reference_equals_the_models_op_by_op_path():
+    """The kernel's reference is the model's norm, RoPE and store in one function: in float32 the
+    two agree (so the GPU tests, which compare with the reference, test the model's math)."""
+    torch.manual_seed(0)
+    tokens, q_heads, kv_heads, dim = 5, 4, 2, 32
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * dim)
+    positions, cos_sin = torch.tensor([3, 0, 9, 2, 7]), rope_table(16, dim)
+    qw, kw = torch.randn(dim), torch.randn(dim)
+    slots = torch.tensor([4, 0, 7, 2, 9])
+    k_cache, v_cache = torch.zeros(10, kv_heads, dim), torch.zeros(10, kv_heads, dim)
+    q = qk_norm_rope_kv.torch_qk_norm_rope_kv(qkv, q_heads, kv_heads, positions, cos_sin, k_cache, v_cache, slots, qw, kw, 1e-6)  # fmt: skip
+    q_ref, k_ref, v_ref = qkv.split([q_heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q_ref = fused.torch_rms_norm(q_ref.reshape(tokens, q_heads, dim), qw, 1e-6)
+    k_ref = fused.torch_rms_norm(k_ref.reshape(tokens, kv_heads, dim), kw, 1e-6)
+    q_ref, k_ref = fused.torch_apply_rope(q_ref, k_ref, positions, cos_sin)
+    torch.testing.assert_close(q, q_ref)
+    torch.testing.assert_close(k_cache[slots], k_ref)
+    torch.testing.assert_close(v_cache[slots], v_ref.reshape(tokens, kv_heads, dim))
+
+
+@interpreted
+@pytest.mark.parametrize(
+    "m, n, k, bias, config",
+    [
+        (1, 64, 96, False, None),
+        (2, 50, 300, True, None),  # N not a multiple of a program's rows, K not a power of two
+        (3, 33, 200, False, gemv.GemvConfig(4, 64, 2)),  # K over several loop steps
+        (4, 130, 1024, True, None),
+        (8, 16, 40, False, gemv.GemvConfig(1, 32, 1)),
+    ],
+)
+def test_gemv_matches_f_linear(m, n, k, bias, config):
+    torch.manual_seed(m * n)
+    x_wide = torch.randn(m, k + 8).half()
+    x = x_wide[:, 4 : k + 4]  # a strided view: rows not contiguous with each other
+    weight = (torch.randn(n, k) / k**0.5).half()
+    b = torch.randn(n).half() if bias else None
+    got = gemv.triton_linear(x, weight, b, config)
+    want = torch.nn.functional.linear(x.float(), weight.float(), None if b is None else b.float())
+    assert got.shape == (m, n) and got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
+
+
+def random_step_tables(batch: int, page_size: int, padding_rows: int, seed: int):
+    """A page table of distinct random pages (its last row the padding row, every entry the padding
+    page), a token table, and a decode step: `batch` live rows with random lengths, then
+    `padding_rows` rows on the padding row with length 1 (a CUDA graph's padding)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows_total, width = 12, 9
+    pages = torch.randperm(rows_total * width, generator=gen)[: (rows_total - 1) * width].to(torch.int32)
+    table = torch.cat([pages.view(rows_total - 1, width), torch.full((1, width), 999, dtype=torch.int32)])
+    tokens = torch.randint(0, 50_000, (rows_total,), generator=gen, dtype=torch.int32)
+    live = torch.randperm(rows_total - 1, generator=gen)[:batch].to(torch.int32)
+    rows = torch.cat([live, torch.full((padding_rows,), rows_total - 1, dtype=torch.int32)])
+    lens = torch.randint(1, width * page_size + 1, (batch,), generator=gen, dtype=torch.int32)
+    seq_lens = torch.cat([lens, torch.ones(padding_rows, dtype=torch.int32)])
+    return table, tokens, rows, seq_lens
+
+
+@interpreted
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize(("batch", "padding_rows"), [(1, 0), (5, 3), (11, 0)])
+def test_step_metadata_kernels_match_their_references(page_size, batch, padding_rows):
+    table, tokens, rows, seq_lens = random_step_tables(batch, page_size, padding_rows, seed=batch * page_size)
+    size = rows.shape[0]
+    got = [torch.full((size,), -7, dtype=torch.int32) for _ in range(3)]  # poisoned: every row written
+    want = [torch.empty(size, dtype=torch.int32) for _ in range(3)]
+    step_metadata._jit()[0][(-(-size // step_metadata.DECODE_BLOCK),)](
+        tokens, table, rows, seq_lens, *got, table.stride(0), size,
+        PAGE_SIZE=page_size, BLOCK=step_metadata.DECODE_BLOCK,
+    )  # fmt: skip
+    step_metadata.torch_decode_inputs(tokens, table, rows, seq_lens, page_size, *want)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    total = int(((seq_lens + page_size - 1) // page_size).sum())
+    out = torch.full((total + 4,), -7, dtype=torch.int32)  # room past the end: must stay untouched
+    max_pages = int(((seq_lens + page_size - 1) // page_size).max())
+    step_metadata._jit()[1][(size, -(-max_pages // 4))](
+        table, rows, seq_lens, out, table.stride(0), size,
+        PAGE_SIZE=page_size, BLOCK_ROWS=16, BLOCK_PAGES=4,  # several page blocks per row
+    )  # fmt: skip
+    assert torch.equal(out[:total], step_metadata.torch_kv_indices(table, rows, seq_lens, page_size, total))
+    assert torch.equal(out[total:], torch.full((4,), -7, dtype=torch.int32))
+
+
+def test_step_metadata_references_agree_with_a_loop():
+    """The references themselves, against the definition written as a Python loop."""
+    table, tokens, rows, seq_lens = random_step_tables(7, 16, 2, seed=3)
+    ids, positions, slots = (torch.empty(9, dtype=torch.int32) for _ in range(3))
+    step_metadata.torch_decode_inputs(tokens, table, rows, seq_lens, 16, ids, positions, slots)
+    pages: list[int] = []
+    for i, (row, length) in enumerate(zip(rows.tolist(), seq_lens.tolist(), strict=True)):
+        assert (ids[i], positions[i]) == (tokens[row], length - 1)
+        assert slots[i] == table[row, (length - 1) // 16] * 16 + (length - 1) % 16
+        pages += table[row, : -(-length // 16)].tolist()
+    assert step_metadata.torch_kv_indices(table, rows, seq_lens, 16, len(pages)).tolist() == pages
+
+
+def test_dispatch_keeps_the_cpu_on_the_references(monkeypatch):
+    """On the CPU every dispatch takes the torch path (Triton serves only CUDA half precision)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a Triton kernel was launched for CPU tensors")
+
+    for module, name in ((kv_write, "triton_store_kv"), (qk_norm_rope_kv, "triton_qk_norm_rope_kv"), (gemv, "triton_linear"), (step_metadata, "_jit")):  # fmt: skip
+        monkeypatch.setattr(module, name, refuse)
+    x = torch.randn(2, 8).half()
+    assert torch.equal(gemv.linear(x, x), torch.nn.functional.linear(x, x))
+    monkeypatch.setattr(gemv, "GEMV_MAX_M_BY_WIDTH", ((1 << 30, 8),))
+    assert torch.equal(gemv.linear(x, x), torch.nn.functional.linear(x, x))
+    cache = torch.zeros(4, 1, 8).half()
+    kv_write.store_kv(cache, cache.clone(), torch.tensor([1, 3]), x.view(2, 1, 8), x.view(2, 1, 8))
+    assert torch.equal(cache[[1, 3]], x.view(2, 1, 8))
+
+
+# ---------------------------------------------------------------------------- compiled for sm_90
+
+
+def compile_for_hopper(kernel, signature: dict[str, str], constants: dict[str, object], warps: int = 4):
+    """Triton's full pipeline down to a cubin for sm_90, as a launch on an H100/H200 would run it
+    (pointers and 16-divisible integers marked aligned, as Triton specializes them at launch)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(signature)
+    aligned = {
+        (names.index(a),): [["tt.divisibility", 16]]
+        for a, t in signature.items()
+        if t.startswith("*") or a.endswith("stride")
+    }
+    source = ASTSource(kernel, signature, constexprs=constants, attrs=aligned)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+@compiled
+def test_bench_kernels_smoke_run_checks_everything_and_writes_a_valid_result(tmp_path):
+    """scripts/bench_kernels.py at toy shapes on the CPU (--smoke): every check passes, and its JSON
+    is a result the docs can render (the GPU run writes the same file at the real shapes)."""
+    from scripts.results_model import parse_result
+
+    out = tmp_path / "kernels_cpu.json"
+    command = [sys.executable, "-m", "scripts.bench_kernels", "--smoke", "--out", str(out)]
+    run = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    data = json.loads(out.read_text())
+    parse_result(data, out.name)
+    assert data["checks"] and all(check["ok"] for check in data["checks"])
+    kernels = {row["kernel"] for row in data["rows"]}
+    assert kernels == {"kv_write", "fused_norm_rope_kv", "sampling", "gemv", "decode_inputs", "kv_indices"}
+
+
+@compiled
+def test_kernels_compile_for_hopper():
+    const = "constexpr"
+    kernels = [
+        compile_for_hopper(
+            kv_write._jit(),
+            {"k_cache": f"*{cache}", "v_cache": f"*{cache}", "slots": "*i32", "k": "*bf16", "v": "*bf16",
+             "k_token_stride": "i32", "v_token_stride": "i32", "k_head_stride": "i32", "v_head_stride": "i32",
+             "k_scale": "fp32", "v_scale": "fp32", "HEADS": const, "HEAD_DIM": const, "BLOCK_H": const,
+             "BLOCK_D": const, "FP8": const},
+            {"HEADS": 8, "HEAD_DIM": 128, "BLOCK_H": 8, "BLOCK_D": 128, "FP8": cache == "fp8e4nv"},
+        )
+        for cache in ("bf16", "fp8e4nv")
+    ]  # fmt: skip
+    kernels += [
+        compile_for_hopper(
+            qk_norm_rope_kv._jit(),
+            {"qkv": "*bf16", "q_out": "*bf16", "k_cache": f"*{cache}", "v_cache": f"*{cache}", "slots": "*i32",
+             "positions": "*i32", "cos_sin": "*fp32", "q_weight": "*bf16", "k_weight": "*bf16",
+             "qkv_token_stride": "i32", "eps": "fp32", "k_scale": "fp32", "v_scale": "fp32",
+             "NUM_Q_HEADS": const, "NUM_KV_HEADS": const, "HEAD_DIM": const, "BLOCK_HALF": const,
+             "HEADS": const, "NORM": const, "FP8": const},
+            {"NUM_Q_HEADS": 16, "NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_HALF": 64, "HEADS": heads,
+             "NORM": norm, "FP8": cache == "fp8e4nv"},
+        )
+        for heads, norm, cache in ((1, True, "bf16"), (4, False, "fp8e4nv"))
+    ]  # fmt: skip
+    decode_inputs, kv_indices = step_metadata._jit()
+    kernels += [
+        compile_for_hopper(
+            decode_inputs,
+            {"token_table": "*i32", "page_table": "*i32", "rows": "*i32", "seq_lens": "*i32", "input_ids": "*i32",
+             "positions": "*i32", "out_slots": "*i32", "table_stride": "i32", "size": "i32", "PAGE_SIZE": const,
+             "BLOCK": const},
+            {"PAGE_SIZE": 16, "BLOCK": step_metadata.DECODE_BLOCK},
+        ),
+        compile_for_hopper(
+            kv_indices,
+            {"page_table": "*i32", "rows": "*i32", "seq_lens": "*i32", "out": "*i32", "table_stride": "i32",
+             "size": "i32", "PAGE_SIZE": const, "BLOCK_ROWS": const, "BLOCK_PAGES": const},
+            {"PAGE_SIZE": 1, "BLOCK_ROWS": step_metadata.KV_ROWS_BLOCK, "BLOCK_PAGES": step_metadata.PAGES_BLOCK},
+        ),
+    ]  # fmt: skip
+    kernels += [
+        compile_for_hopper(
+            gemv._jit(),
+            {"x": "*bf16", "w": "*bf16", "bias": "*bf16", "y": "*bf16", "M": "i32", "N": "i32",
+             "x_row_stride": "i32", "w_row_stride": "i32", "y_row_stride": "i32", "K": const,
+             "HAS_BIAS": const, "BLOCK_M": const, "BLOCK_N": const, "BLOCK_K": const},
+            {"K": 3072, "HAS_BIAS": bias, "BLOCK_M": m, "BLOCK_N": 2, "BLOCK_K": 2048},
+        )
+        for m, bias in ((1, False), (4, True))
+    ]  # fmt: skip
+    for kernel in kernels:
+        assert kernel.asm["cubin"], "no machine code"
+    # The GEMV's weight loads are 16-byte vector loads: the point of the kernel is bandwidth.
+    assert "ld.global.v4" in kernels[-1].asm["ptx"]

@@ -1,0 +1,1 @@
+"""final/kvcache: the prefix cache and the FP8 KV cache."""

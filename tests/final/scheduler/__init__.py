@@ -1,0 +1,1 @@
+"""final/scheduler: what runs next, pages never leaked, the prefill budget."""

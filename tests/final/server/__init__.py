@@ -1,0 +1,1 @@
+"""final/server: the OpenAI-compatible server, live on loopback."""

@@ -1,0 +1,1 @@
+"""stages/common: the workloads, the bench harness, the detokenizer."""

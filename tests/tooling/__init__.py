@@ -1,0 +1,1 @@
+"""scripts/, the docs and the site, the Makefile, and the fixtures' self-tests."""
