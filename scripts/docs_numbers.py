@@ -34,7 +34,7 @@ without `.json` (`h200/stage06_decode_step_b64_cuda`).
 
 Files that mkdocs does not build (README.md) cannot run a macro when they are read, so their
 figures live in a *numbers block*: a template in an HTML comment, and after it the text that
-`make docs-gen` writes from the template (`python scripts/docs_numbers.py README.md`):
+`make docs-gen` writes from the template (`python -m scripts.docs_numbers README.md`):
 
     <!-- numbers: template (...)
     final/ serves {{ fmt(value("versus_minisgl_h200", "offline_final") / 1000, 1) }}k tok/s ...
@@ -60,10 +60,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `scripts` importable
-
-from scripts import render_profile  # noqa: E402
-from scripts.results_model import (  # noqa: E402
+from scripts import render_profile
+from scripts.results_model import (
     Result,
     ResultError,
     device_of,

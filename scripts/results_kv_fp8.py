@@ -40,8 +40,12 @@ SPEED = (
     ("latency", "batch-1 decode step (512-token prompt), ms", "decode_step_ms", False),
     ("long_context", "long-context (64 prompts of 4k-16k), output tok/s", "output_tok_per_s", True),
     ("long_context_small", "long-context at a small --memory-ratio, output tok/s", "output_tok_per_s", True),
-    ("capacity_bound", "capacity-bound (256 prompts of 2k-4k, 512 tokens each, small --memory-ratio), "
-     "output tok/s", "output_tok_per_s", True),
+    (
+        "capacity_bound",
+        "capacity-bound (256 prompts of 2k-4k, 512 tokens each, small --memory-ratio), output tok/s",
+        "output_tok_per_s",
+        True,
+    ),
 )
 GPU_STEP = code("bash scripts/gpu_run.sh ckpt kv-fp8")
 KV_NAMES = {"fp8_e4m3": "FP8", "bf16": "bf16 (yardstick)"}

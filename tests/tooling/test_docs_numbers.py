@@ -17,6 +17,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

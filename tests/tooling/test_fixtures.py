@@ -8,6 +8,7 @@ enough that greedy comparisons are meaningful.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -215,18 +216,12 @@ def test_greedy_does_not_stop_at_eos() -> None:
 def test_make_random_checkpoint_script_tiny(tmp_path: Path, tiny_qwen3_dir: Path) -> None:
     out = tmp_path / "ckpt"
     result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "scripts" / "make_random_checkpoint.py"),
-            "--shape",
-            "tiny-qwen3",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, "-m", "scripts.make_random_checkpoint", "--shape", "tiny-qwen3", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=tmp_path,  # not the repo root
+        cwd=REPO_ROOT,  # as the docs run it: a module of the scripts package, from the root
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # nothing but the root
     )
     assert result.returncode == 0, result.stderr
     # Same seed, same shape: the very checkpoint the fixture built.
