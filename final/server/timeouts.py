@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -37,47 +38,57 @@ def timed_http_protocol(header_timeout: float) -> type[asyncio.Protocol]:
     return timed_httptools_protocol(header_timeout)
 
 
+class HeadTimer:
+    """One connection's timer for its next request's headers: armed when the connection opens and
+    when a response is done, cancelled once the headers are complete; when it fires before that,
+    the connection is closed (one INFO line: there is no request to answer)."""
+
+    def __init__(self, protocol: Any, timeout: float):
+        self.protocol, self.timeout = protocol, timeout
+        self.handle: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        self.cancel()
+        self.handle = self.protocol.loop.call_later(self.timeout, self._fire)
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _fire(self) -> None:
+        self.handle = None
+        protocol = self.protocol
+        if not protocol.transport.is_closing():
+            client = f"{protocol.client[0]}:{protocol.client[1]}" if protocol.client else "a client"
+            log.info("closing the connection of %s: no complete request headers within %.0f s "
+                     "(--read-timeout)", client, self.timeout)  # fmt: skip
+            protocol.transport.close()
+
+
 def timed_h11_protocol(header_timeout: float) -> type[H11Protocol]:
     """uvicorn's h11 protocol, closing a connection whose request headers take longer than
     `header_timeout` seconds to arrive."""
 
     class TimedH11Protocol(H11Protocol):
-        head_timer: asyncio.TimerHandle | None = None
-
         def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
             super().connection_made(transport)  # type: ignore[arg-type]
-            self._arm_head_timer()
+            self.head_timer = HeadTimer(self, header_timeout)
+            self.head_timer.arm()
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             if self.conn.their_state is not h11.IDLE:  # the request's headers are complete
-                self._cancel_head_timer()
+                self.head_timer.cancel()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self._arm_head_timer()  # the next request on this connection has the same bound
+                self.head_timer.arm()  # the next request on this connection has the same bound
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_head_timer()
+            self.head_timer.cancel()
             super().connection_lost(exc)
-
-        def _arm_head_timer(self) -> None:
-            self._cancel_head_timer()
-            self.head_timer = self.loop.call_later(header_timeout, self._head_timed_out)
-
-        def _cancel_head_timer(self) -> None:
-            if self.head_timer is not None:
-                self.head_timer.cancel()
-                self.head_timer = None
-
-        def _head_timed_out(self) -> None:
-            self.head_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
-                log.info("closing the connection of %s: no complete request headers within %.0f s "
-                         "(--read-timeout)", client, header_timeout)  # fmt: skip
-                self.transport.close()
 
     return TimedH11Protocol
 
@@ -87,43 +98,22 @@ def timed_httptools_protocol(header_timeout: float) -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class TimedHttpToolsProtocol(HttpToolsProtocol):
-        head_timer: asyncio.TimerHandle | None = None
-        waiting_for_head = False
-
         def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
             super().connection_made(transport)  # type: ignore[arg-type]
-            self._arm_head_timer()
+            self.head_timer = HeadTimer(self, header_timeout)
+            self.head_timer.arm()
 
         def on_headers_complete(self) -> None:
-            self._cancel_head_timer()
+            self.head_timer.cancel()
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if not self.transport.is_closing():
-                self._arm_head_timer()  # the next request on this connection has the same bound
+                self.head_timer.arm()  # the next request on this connection has the same bound
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_head_timer()
+            self.head_timer.cancel()
             super().connection_lost(exc)
-
-        def _arm_head_timer(self) -> None:
-            self._cancel_head_timer()
-            self.waiting_for_head = True
-            self.head_timer = self.loop.call_later(header_timeout, self._head_timed_out)
-
-        def _cancel_head_timer(self) -> None:
-            self.waiting_for_head = False
-            if self.head_timer is not None:
-                self.head_timer.cancel()
-                self.head_timer = None
-
-        def _head_timed_out(self) -> None:
-            self.head_timer = None
-            if self.waiting_for_head and not self.transport.is_closing():
-                client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
-                log.info("closing the connection of %s: no complete request headers within %.0f s "
-                         "(--read-timeout)", client, header_timeout)  # fmt: skip
-                self.transport.close()
 
     return TimedHttpToolsProtocol
