@@ -25,6 +25,7 @@ from final.server.timeouts import timed_h11_protocol, timed_httptools_protocol
 
 HEADER_TIMEOUT_S = 0.5
 FRAMES = 50
+SLOW_FRAMES = 10
 PROTOCOLS = {"h11": timed_h11_protocol, "httptools": timed_httptools_protocol}
 
 
@@ -56,6 +57,15 @@ def make_app(admission: Admission) -> tuple[ASGIApp, list[str]]:
     @app.get("/plain")
     async def plain() -> dict:
         return {"ok": True}
+
+    @app.get("/slow")
+    async def slow() -> EventStream:
+        async def frames() -> AsyncIterator[str]:  # twice the header timeout, a frame at a time
+            for i in range(SLOW_FRAMES):
+                await asyncio.sleep(2 * HEADER_TIMEOUT_S / SLOW_FRAMES)
+                yield f"data: {i}\n\n"
+
+        return EventStream(admission.reserve(1), frames())
 
     counting = CountingSends(app)
     return DirectSend(counting), counting.sent
@@ -120,6 +130,20 @@ def test_a_kept_alive_connection_gets_the_timer_again_after_each_response(served
             assert answer.startswith(b"HTTP/1.1 200")
         data, closed_after = read_until_closed(sock, HEADER_TIMEOUT_S + 5)
     assert data == b"" and closed_after is not None and closed_after < HEADER_TIMEOUT_S + 2
+
+
+def test_a_response_slower_than_the_header_timer_is_not_cut_off(served):
+    """The timer bounds the request's headers only: once they are in, a response may take as long
+    as it takes (a stream of minutes)."""
+    port, _, _ = served
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        data, closed_after = read_until_closed(sock, 10)
+    frames = [
+        line for line in dechunk(data.partition(b"\r\n\r\n")[2]).split(b"\n") if line.startswith(b"data: ")
+    ]
+    assert frames == [b"data: %d" % i for i in range(SLOW_FRAMES)]
+    assert closed_after is not None and closed_after >= 2 * HEADER_TIMEOUT_S - 0.05
 
 
 def test_frames_bypass_the_middleware_stack_but_start_and_end_pass_through_it(served):
