@@ -12,6 +12,7 @@ issue's). No clock, no files written here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from scripts.results_model import (
@@ -27,7 +28,6 @@ from scripts.results_model import (
 
 GROUP = "kv"
 PEER = "mini-sglang"  # scripts/bench_peer.py's results (gpu_run.sh peers, in the same call)
-SHAPES = ((256, 1024), (256, 4096), (64, 16384))
 KERNELS = (
     ("bf16", "bf16"),
     ("bf16_tc", "bf16, tensor cores"),
@@ -113,13 +113,20 @@ def capacity(results: list[Result]) -> list[str]:
     return [*table(header, body, text_columns=2), "", *provenance(rows)]
 
 
+def shapes_of(result: Result) -> list[tuple[int, int]]:
+    """The (batch, context) pairs a kernel result timed, from its metric names (`us_b256_c1024_bf16`),
+    in the order it timed them."""
+    found = (re.fullmatch(r"us_b(\d+)_c(\d+)_bf16", key) for key in result.metrics)
+    return list(dict.fromkeys((int(m[1]), int(m[2])) for m in found if m))
+
+
 def kernel(results: list[Result]) -> list[str]:
     rows = by_workload(results, "kv-decode-kernel")
     if not rows:
         return [f"No kernel timings yet: {GPU_STEP} (its kv-fp8-kernel part).", ""]
     body = []
     for r in rows:
-        for batch, context in SHAPES:
+        for batch, context in shapes_of(r):
             keys = [f"us_b{batch}_c{context}_{k}" for k, _ in KERNELS]
             if all(k in r.metrics for k in keys):
                 label = r.label or r.name
