@@ -82,7 +82,7 @@ for kit in "${kits[@]}"; do
       mkdir -p "$work/base/wheels"
       download "$work/base/wheels" flashinfer-python==0.7.2.post1 apache-tvm-ffi==0.1.15.post2 \
         torch-c-dlpack-ext==0.1.5 fastapi starlette pydantic pydantic-core annotated-types \
-        typing-inspection opentelemetry-api uvicorn httptools uvloop pyzmq gguf openai httpx2 httpcore2 truststore distro \
+        typing-inspection opentelemetry-api uvicorn httptools pyzmq gguf openai httpx2 httpcore2 truststore distro \
         jiter sniffio prompt-toolkit wcwidth
       ;;
     fa)
