@@ -29,8 +29,8 @@ DEFAULT_READ_TIMEOUT_S = 30.0  # what --read-timeout defaults to (see args.py)
 
 def timed_http_protocol(header_timeout: float) -> type[asyncio.Protocol]:
     """The fastest HTTP/1.1 protocol uvicorn has here, with the header timer: httptools (a C
-    parser, and a send that writes a body chunk in one join: a third of h11's Python time per
-    streamed frame, scripts/bench_api_cost.py) when it is installed, else h11."""
+    parser, and a send that writes a body chunk in one join, where h11 runs its state machine per
+    frame) when it is installed, else h11. scripts/bench_api_cost.py measures the server on it."""
     try:
         import httptools  # noqa: F401
     except ImportError:
