@@ -108,8 +108,9 @@ def timed_httptools_protocol(header_timeout: float) -> type[asyncio.Protocol]:
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
+            pipelined = bool(self.pipeline)  # a next request whose headers are in: super() starts it
             super().on_response_complete()
-            if not self.transport.is_closing():
+            if not pipelined and not self.transport.is_closing():
                 self.head_timer.arm()  # the next request on this connection has the same bound
 
         def connection_lost(self, exc: Exception | None) -> None:

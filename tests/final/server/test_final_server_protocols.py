@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from final.server.admission import Admission
 from final.server.event_stream import DirectSend, EventStream
 from final.server.timeouts import timed_h11_protocol, timed_httptools_protocol
+from tests.fixtures.live_server import free_port
 
 HEADER_TIMEOUT_S = 0.5
 FRAMES = 50
@@ -77,9 +78,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[int, list[str], Adm
         pytest.importorskip("httptools", reason="needs httptools (installed with the project)")
     admission = Admission(limit=4)
     app, sent = make_app(admission)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", loop="asyncio",
                             http=PROTOCOLS[request.param](HEADER_TIMEOUT_S), lifespan="off")  # fmt: skip
     server = uvicorn.Server(config)
@@ -144,6 +143,25 @@ def test_a_response_slower_than_the_header_timer_is_not_cut_off(served):
     ]
     assert frames == [b"data: %d" % i for i in range(SLOW_FRAMES)]
     assert closed_after is not None and closed_after >= 2 * HEADER_TIMEOUT_S - 0.05
+
+
+def test_a_pipelined_request_is_not_cut_off_by_the_timer_rearmed_after_the_first(served):
+    """Two slow requests in one write (HTTP/1.1 pipelining): when the first response is done the
+    second's headers are already in, so the timer must not be armed for it."""
+    port, _, _ = served
+    head = b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head + b"\r\n" + head + b"Connection: close\r\n\r\n")
+        data, closed_after = read_until_closed(sock, 10)
+    answers = data.split(b"HTTP/1.1 200")[1:]
+    assert len(answers) == 2, data[-300:]
+    last = [
+        line
+        for line in dechunk(answers[1].partition(b"\r\n\r\n")[2]).split(b"\n")
+        if line.startswith(b"data: ")
+    ]
+    assert last == [b"data: %d" % i for i in range(SLOW_FRAMES)]
+    assert closed_after is not None
 
 
 def test_frames_bypass_the_middleware_stack_but_start_and_end_pass_through_it(served):
