@@ -36,11 +36,7 @@ import asyncio
 import importlib.metadata
 import importlib.util
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,69 +45,33 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.fixtures.live_server import Server
+
 PHASES = ("streams", "arrivals")
 PROCESSES = ("api", "detok", "engine")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def start_server(model_dir: Path, tick_s: float, log_path: Path, extra: list[str]) -> Server:
+    """final/'s server over the stand-in engine (tests/fixtures/ticking_engine.py), up and healthy."""
+    flags = ["--log-level", "warning", "--max-running-requests", "4096", "--disable-log-requests", *extra]
+    return Server(
+        model_dir, log_path, *flags, env={"TICK_S": str(tick_s)}, module="tests.fixtures.ticking_server"
+    )
 
 
-class ServerUnderTest:
-    """`python -m tests.fixtures.ticking_server` in its own process group, and its processes."""
+def server_processes(server: Server) -> dict[str, psutil.Process]:
+    """The API process (the server's own) and its children, the detokenizer and the engine."""
+    api = psutil.Process(server.proc.pid)
+    processes = {"api": api}
+    for child in api.children(recursive=True):
+        name = " ".join(child.cmdline()) + child.name()
+        processes["detok" if "detok" in name else "engine"] = child
+    return processes
 
-    def __init__(self, model_dir: Path, tick_s: float, extra: list[str]):
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="bench-api-cost-", suffix=".log", delete=False)
-        env = {**os.environ, "TICK_S": str(tick_s), "PYTHONPATH": str(ROOT)}
-        cmd = [sys.executable, "-m", "tests.fixtures.ticking_server", "--model", str(model_dir),
-               "--port", str(self.port), "--log-level", "warning", "--max-running-requests", "4096",
-               "--disable-log-requests", *extra]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # fmt: skip
-        self.processes: dict[str, psutil.Process] = {}
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the server exited ({self.proc.returncode}); its log: {self.log.name}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    s.sendall(b"GET /v1/models HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
-                    if s.recv(12).startswith(b"HTTP/1.1 200"):
-                        break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise SystemExit(f"the server did not answer within {timeout:.0f} s; its log: {self.log.name}")
-        api = psutil.Process(self.proc.pid)
-        self.processes["api"] = api
-        for child in api.children(recursive=True):
-            name = " ".join(child.cmdline()) + child.name()
-            self.processes["detok" if "detok" in name else "engine"] = child
-
-    def cpu_seconds(self) -> dict[str, float]:
-        out = {}
-        for role, proc in self.processes.items():
-            t = proc.cpu_times()
-            out[role] = t.user + t.system
-        return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self.log.close()
-        os.unlink(self.log.name)
+def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
+    """Each process's CPU time so far, user and system, all its threads."""
+    return {role: sum(proc.cpu_times()[:2]) for role, proc in processes.items()}
 
 
 async def stream_one(port: int, body: dict[str, Any]) -> int:
@@ -153,7 +113,9 @@ def prompt_text(tokens: int) -> str:
     return " ".join(words[i % len(words)] for i in range(tokens))
 
 
-def measure(server: ServerUnderTest, phase: str, args: argparse.Namespace) -> dict[str, float]:
+def measure(
+    server: Server, processes: dict[str, psutil.Process], phase: str, args: argparse.Namespace
+) -> dict[str, float]:
     if phase == "streams":
         bodies = [{"prompt": prompt_text(16), "max_tokens": args.tokens, "stream": True, "ignore_eos": True,
                    "temperature": 0} for _ in range(args.streams)]  # fmt: skip
@@ -162,9 +124,9 @@ def measure(server: ServerUnderTest, phase: str, args: argparse.Namespace) -> di
         bodies = [{"prompt": prompt_text(args.prompt_tokens), "max_tokens": 1, "stream": True,
                    "temperature": 0} for _ in range(args.arrivals)]  # fmt: skip
         concurrency, per = args.concurrency, "request"
-    before, start = server.cpu_seconds(), time.perf_counter()
+    before, start = cpu_seconds(processes), time.perf_counter()
     frames = asyncio.run(run_phase(server.port, bodies, concurrency))
-    wall, after = time.perf_counter() - start, server.cpu_seconds()
+    wall, after = time.perf_counter() - start, cpu_seconds(processes)
     count = frames if per == "frame" else len(bodies)
     out = {f"{role}_{per}_us": (after[role] - before[role]) / count * 1e6 for role in before}
     out[f"{phase}_wall_s"] = wall
@@ -194,14 +156,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def server_stack() -> dict[str, str]:
-    """What uvicorn serves with in this Python: its protocol and loop, and their versions."""
+    """What the server runs on in this Python: the HTTP protocol final/ picks (server/timeouts.py),
+    the event loop uvicorn picks (uvloop when installed), and their versions."""
     import uvicorn
+
+    from final.server.timeouts import timed_http_protocol
 
     stack = {"uvicorn": uvicorn.__version__}
     for dist in ("httptools", "uvloop"):
         if importlib.util.find_spec(dist) is not None:
             stack[dist] = importlib.metadata.version(dist)
-    stack["http"] = "httptools" if "httptools" in stack else "h11"
+    stack["http"] = "httptools" if "HttpTools" in timed_http_protocol(1.0).__name__ else "h11"
     stack["loop"] = "uvloop" if "uvloop" in stack else "asyncio"
     return stack
 
@@ -211,7 +176,6 @@ def result_json(args: argparse.Namespace, metrics: dict[str, float], runs: dict[
     from stages.common.bench import stamp_run_id
 
     info = hardware.describe()
-    device = (info["gpu"] or "cpu").lower().replace("nvidia ", "").replace(" ", "-")
     stack = server_stack()
     config = {
         "streams": args.streams, "tokens": args.tokens, "tick_ms": args.tick_ms, "arrivals": args.arrivals,
@@ -221,7 +185,7 @@ def result_json(args: argparse.Namespace, metrics: dict[str, float], runs: dict[
     }  # fmt: skip
     keys = [k for k in metrics if k.endswith("_us")] + [k for k in metrics if not k.endswith("_us")]
     result = {
-        "name": args.name or f"final_api_cost_{device}",
+        "name": args.name or f"final_api_cost_{hardware.device_tag()}",
         "stage": "final",
         "workload": "api-cost",
         "metrics": {k: metrics[k] for k in keys},
@@ -243,17 +207,21 @@ def main(argv: list[str] | None = None) -> int:
         from stages.common.default_model import ensure_default_model
 
         args.model = ensure_default_model()
-    server = ServerUnderTest(args.model, args.tick_ms / 1e3, args.server_args.split())
     runs: dict[str, list[float]] = {}
-    try:
-        server.wait_ready()
-        asyncio.run(run_phase(server.port, [{"prompt": "warm up", "max_tokens": 4, "stream": True}] * 4, 4))
-        for _ in range(args.repeats):
-            for phase in PHASES:
-                for key, value in measure(server, phase, args).items():
-                    runs.setdefault(key, []).append(value)
-    finally:
-        server.stop()
+    with tempfile.TemporaryDirectory(prefix="bench-api-cost-") as tmp:
+        server = start_server(
+            args.model, args.tick_ms / 1e3, Path(tmp) / "server.log", args.server_args.split()
+        )
+        try:
+            processes = server_processes(server)
+            warm_up = [{"prompt": "warm up", "max_tokens": 4, "stream": True}] * 4
+            asyncio.run(run_phase(server.port, warm_up, 4))
+            for _ in range(args.repeats):
+                for phase in PHASES:
+                    for key, value in measure(server, processes, phase, args).items():
+                        runs.setdefault(key, []).append(value)
+        finally:
+            server.stop()
     metrics = {key: statistics.median(values) for key, values in runs.items()}
     for key, value in metrics.items():
         print(f"{key:28s} {value:10.1f}   (runs: {', '.join(f'{v:.1f}' for v in runs[key])})")

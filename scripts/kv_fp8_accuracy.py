@@ -56,7 +56,7 @@ from final.frontend.tokenizer import Tokenizer
 from final.kernels.kv_write import FP8_E4M3_MAX
 from final.models.source import resolve_model
 from stages.common.bench import percentile, stamp_run_id
-from stages.common.hardware import describe, versions
+from stages.common.hardware import describe, device_tag, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,13 +142,6 @@ def with_scales(folder: Path, tensors: dict[str, torch.Tensor], out: Path) -> Pa
         (out / item.name).symlink_to(item.resolve())
     save_file(tensors, str(out / "kv_scales.safetensors"))
     return out
-
-
-def device_tag(device: str) -> str:
-    if not device.startswith("cuda") and not (device == "auto" and torch.cuda.is_available()):
-        return "cpu"
-    found = re.findall(r"[abhl]\d+", torch.cuda.get_device_name().lower())
-    return found[0] if found else "gpu"
 
 
 def engine(folder: Path, args: argparse.Namespace, kv_cache_dtype: str) -> final.LLM:

@@ -98,23 +98,14 @@ def result(args: argparse.Namespace, argv: list[str], child: dict, tag: str) -> 
     )
 
 
-def device_tag(device: str) -> str:
-    import re
-
-    import torch
-
-    if device == "cpu" or not torch.cuda.is_available():
-        return "cpu"
-    found = re.findall(r"[abhl]\d+", torch.cuda.get_device_name().lower())
-    return found[0] if found else "gpu"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.child_out:  # one dtype, in this fresh process
         Path(args.child_out).write_text(json.dumps(measure(args, args.child_dtype)))
         return 0
+    from stages.common.hardware import device_tag
+
     tag = args.device_tag or device_tag(args.device)
     out = args.out or ROOT / "benchmarks" / "results" / tag
     out.mkdir(parents=True, exist_ok=True)

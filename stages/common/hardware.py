@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,22 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def device_tag(device: str = "auto") -> str:
+    """The short name results carry for where they ran: `cpu`, or the GPU's model as
+    scripts/gpu_run.sh writes it (`h200`, `h100`; `gpu` for a name without one). `device` is what
+    the run asked for: `cpu` is the CPU whatever the machine has."""
+    import torch
+
+    if (
+        device == "cpu"
+        or not (device == "auto" or device.startswith("cuda"))
+        or not torch.cuda.is_available()
+    ):
+        return "cpu"
+    found = re.findall(r"[abhl]\d+", torch.cuda.get_device_name().lower())
+    return found[0] if found else "gpu"
 
 
 def describe() -> dict[str, Any]:
