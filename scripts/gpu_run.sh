@@ -169,7 +169,7 @@ run_step() {
     test-attn-fa|test-attn-fi|test-attn-trtllm)  # one backend's kernel and graph tests
       b=${1#test-attn-}
       OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py \
-        -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside or ${b}4_compiles" ;;
+        -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside or ${b}4_compiles or ${b}_plans_from_pinned" ;;
     test-attn-engine) OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py -k "engine or auto" ;;
     test-attn-compile)  # issue 26's proof, about a minute: FlashAttention 4 compiles nothing per length
       OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py -k "fa4_compiles" ;;

@@ -34,6 +34,15 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 TENSOR_CORE_MIN_BATCH: int | None = None
 
 
+def pinned_int32(values: list[int]) -> torch.Tensor:
+    """A host tensor for plan(), which reads it on the host and copies it to the device without
+    blocking. In pinned memory: a copy from pageable memory may first synchronize with the stream
+    (CUDA's API synchronization behavior), and under overlap scheduling that stream is still running
+    the step in flight, so the host would wait for it and the GPU would then wait for the host.
+    PyTorch's caching host allocator keeps the block until the copy has run."""
+    return torch.tensor(values, dtype=torch.int32, pin_memory=True)
+
+
 class FlashInferBackend(AttentionBackend):
     name = "fi"
 
@@ -77,10 +86,9 @@ class FlashInferBackend(AttentionBackend):
         page_size = self.pool.page_size
         num_pages_list = [-(-n // page_size) for n in batch.seq_lens]
         kv_indptr_list = [0, *accumulate(num_pages_list)]
-        kv_indptr = torch.tensor(kv_indptr_list, dtype=torch.int32)
-        last_page_len = torch.tensor(
-            [n - (p - 1) * page_size for n, p in zip(batch.seq_lens, num_pages_list, strict=True)],
-            dtype=torch.int32,
+        kv_indptr = pinned_int32(kv_indptr_list)
+        last_page_len = pinned_int32(
+            [n - (p - 1) * page_size for n, p in zip(batch.seq_lens, num_pages_list, strict=True)]
         )
         # The page list of every request, gathered on the device from the page table in one kernel;
         # a graph wrapper's is written straight into its fixed buffer (plan's copy is then a no-op).
@@ -97,7 +105,7 @@ class FlashInferBackend(AttentionBackend):
         c, dtype, kv_dtype = self.config, self.pool.compute_dtype, self.pool.dtype
         heads, kv_heads = self.num_heads, self.pool.kv_heads
         if batch.is_prefill:
-            qo_indptr = torch.tensor([0, *accumulate(batch.query_lens)], dtype=torch.int32)
+            qo_indptr = pinned_int32([0, *accumulate(batch.query_lens)])
             wrapper.plan(
                 qo_indptr,
                 kv_indptr,
@@ -110,6 +118,8 @@ class FlashInferBackend(AttentionBackend):
                 causal=True,
                 q_data_type=dtype,
                 kv_data_type=kv_dtype,
+                # The lengths it would otherwise derive into a pageable tensor and copy from there.
+                seq_lens=pinned_int32(batch.seq_lens),
             )
         else:
             wrapper.plan(

@@ -125,6 +125,28 @@ def test_kernels_match_the_torch_backend(capability, name, page_size, group, hea
     assert compare(backend, reference, decode, config, seed=2) < 2e-2
 
 
+def test_fi_plans_from_pinned_host_memory(capability, monkeypatch):
+    """plan() copies its host inputs to the device without blocking; from pageable memory such a
+    copy may first wait for the stream, which under overlap still runs the step in flight (stage 06
+    pins them for that reason): every host tensor final/ hands plan() is pinned."""
+    config, pool, table, backend, _ = setup("fi", capability, 16, 2, 128, PAGES_FOR)
+    seen: list[torch.Tensor] = []
+    for wrapper in {id(w): w for w in (backend.prefill_wrapper, backend.decode_wrapper)}.values():
+
+        def spy(*args, _plan=wrapper.plan, **kwargs):
+            seen.extend(
+                t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.device.type == "cpu"
+            )
+            return _plan(*args, **kwargs)
+
+        monkeypatch.setattr(wrapper, "plan", spy)
+    backend.prepare(make_batch(table, 16, list(range(5)), *PREFILL))
+    backend.prepare(make_batch(table, 16, [4, 1, 2, 3], *DECODE))
+    # prefill: qo_indptr, kv_indptr, last_page_len, seq_lens; decode: kv_indptr, last_page_len
+    assert len(seen) == 6
+    assert all(t.is_pinned() for t in seen), [t.is_pinned() for t in seen]
+
+
 # The refusal names both hybrids that decode with TRT-LLM, in the attention registry's order (which
 # is not the lesson): both must be there, whichever comes first.
 BOTH_HYBRIDS = r"(?s)(?=.*--attn fa,trtllm)(?=.*--attn fi,trtllm)"
