@@ -8,6 +8,9 @@
 # Steps:
 #   env           versions, the GPU, free memory
 #   ckpt          the Qwen3-0.6B-shaped random checkpoint (checkpoints/qwen3-0.6b-random)
+#   fi-warmup     first on a fresh machine without a carried JIT cache: FlashInfer's kernels compiled in
+#                 parallel, one process per kernel family through final/'s own calls
+#                 (scripts/flashinfer_warmup.py; FI_WARMUP_FP8=1 adds the FP8-cache kernels)
 #   ckpt-8b       the Qwen3-8B-shaped one (checkpoints/qwen3-8b-random, 16 GB), for bench-tp
 #   test-final    final/'s GPU tests that need no default model
 #   test-all      every GPU test (needs the model kit)
@@ -152,6 +155,7 @@ run_step() {
     fiws-save)  # the FlashInfer JIT cache as it stands, in 15 MB parts (the tool brings back files of
       # at most 16 MiB): copy them to .fiws-cache/ here, and the next call compiles nothing again
       tar -C "$(dirname $FLASHINFER_WORKSPACE_BASE)" -cf - "$(basename $FLASHINFER_WORKSPACE_BASE)" | split -b 15m -d -a 1 - "$out/fiws.tar." ;;
+    fi-warmup) $py -m scripts.flashinfer_warmup ${FI_WARMUP_FP8:+--fp8} ;;
     ckpt) [ -f $ckpt/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-0.6b --out $ckpt ;;
     ckpt-8b) [ -f $ckpt8/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-8b --out $ckpt8 ;;
     test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kernels/test_final_gpu_kernels.py tests/final/test_final_gpu.py tests/final/engine/test_final_penalties.py -k "not server and not bench_online" ;;

@@ -34,13 +34,14 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 TENSOR_CORE_MIN_BATCH: int | None = None
 
 
-def pinned_int32(values: list[int]) -> torch.Tensor:
+def pinned_int32(values: list[int], pin: bool = True) -> torch.Tensor:
     """A host tensor for plan(), which reads it on the host and copies it to the device without
     blocking. In pinned memory: a copy from pageable memory may first synchronize with the stream
     (CUDA's API synchronization behavior), and under overlap scheduling that stream is still running
     the step in flight, so the host would wait for it and the GPU would then wait for the host.
-    PyTorch's caching host allocator keeps the block until the copy has run."""
-    return torch.tensor(values, dtype=torch.int32, pin_memory=True)
+    PyTorch's caching host allocator keeps the block until the copy has run. (`pin` False: a host
+    with no GPU, where scripts/bench_host_step.py runs this backend over a stand-in FlashInfer.)"""
+    return torch.tensor(values, dtype=torch.int32, pin_memory=pin)
 
 
 class FlashInferBackend(AttentionBackend):
@@ -83,12 +84,12 @@ class FlashInferBackend(AttentionBackend):
         self.last_plan.record()
 
     def _plan_now(self, wrapper, batch: ForwardBatch, graphed: bool) -> None:
-        page_size = self.pool.page_size
+        page_size, pin = self.pool.page_size, self.workspace.is_cuda
         num_pages_list = [-(-n // page_size) for n in batch.seq_lens]
         kv_indptr_list = [0, *accumulate(num_pages_list)]
-        kv_indptr = pinned_int32(kv_indptr_list)
+        kv_indptr = pinned_int32(kv_indptr_list, pin)
         last_page_len = pinned_int32(
-            [n - (p - 1) * page_size for n, p in zip(batch.seq_lens, num_pages_list, strict=True)]
+            [n - (p - 1) * page_size for n, p in zip(batch.seq_lens, num_pages_list, strict=True)], pin
         )
         # The page list of every request, gathered on the device from the page table in one kernel;
         # a graph wrapper's is written straight into its fixed buffer (plan's copy is then a no-op).
@@ -105,7 +106,7 @@ class FlashInferBackend(AttentionBackend):
         c, dtype, kv_dtype = self.config, self.pool.compute_dtype, self.pool.dtype
         heads, kv_heads = self.num_heads, self.pool.kv_heads
         if batch.is_prefill:
-            qo_indptr = pinned_int32([0, *accumulate(batch.query_lens)])
+            qo_indptr = pinned_int32([0, *accumulate(batch.query_lens)], pin)
             wrapper.plan(
                 qo_indptr,
                 kv_indptr,
@@ -119,7 +120,7 @@ class FlashInferBackend(AttentionBackend):
                 q_data_type=dtype,
                 kv_data_type=kv_dtype,
                 # The lengths it would otherwise derive into a pageable tensor and copy from there.
-                seq_lens=pinned_int32(batch.seq_lens),
+                seq_lens=pinned_int32(batch.seq_lens, pin),
             )
         else:
             wrapper.plan(
