@@ -153,8 +153,11 @@ run_step() {
       $py -c "import torch; from final.attention.choose import resolve_attention as r; print('auto:', r('auto', 'cuda', torch.bfloat16))"
       ;;
     fiws-save)  # the FlashInfer JIT cache as it stands, in 15 MB parts (the tool brings back files of
-      # at most 16 MiB): copy them to .fiws-cache/ here, and the next call compiles nothing again
-      tar -C "$(dirname $FLASHINFER_WORKSPACE_BASE)" -cf - "$(basename $FLASHINFER_WORKSPACE_BASE)" | split -b 15m -d -a 1 - "$out/fiws.tar." ;;
+      # at most 16 MiB): copy them to .fiws-cache/ here, and the next call compiles nothing again.
+      # A call brings back at most 8 files and about 64 MiB in all: a cache of more than four parts
+      # comes back over two calls, FIWS_FROM=4 keeping parts 4 and up (2026-11-27: 5 parts, 67 MB).
+      tar -C "$(dirname $FLASHINFER_WORKSPACE_BASE)" -cf - "$(basename $FLASHINFER_WORKSPACE_BASE)" | split -b 15m -d -a 1 - "$out/fiws.tar."
+      for part in "$out"/fiws.tar.*; do [ "${part##*.}" -lt "${FIWS_FROM:-0}" ] && rm "$part"; done; ls -l "$out"/fiws.tar.* ;;
     fi-warmup) $py -m scripts.flashinfer_warmup ${FI_WARMUP_FP8:+--fp8} ;;
     ckpt) [ -f $ckpt/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-0.6b --out $ckpt ;;
     ckpt-8b) [ -f $ckpt8/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-8b --out $ckpt8 ;;
