@@ -34,6 +34,7 @@ from typing import Any
 import zmq
 
 from ..core.errors import UserError
+from ..core.heap import freeze_startup_heap
 from ..core.logs import setup_logging
 from ..engine.messages import AbortRequest, AddRequest
 from ..engine.wire import OBJECT, StepColumns, decode, encode
@@ -125,6 +126,7 @@ def detokenizer_main(
     engine_requests, engine_outputs = control.get()
     ctx = zmq.Context()
     sockets = Sockets(ctx, request_addr, output_addr, engine_requests, engine_outputs)
+    freeze_startup_heap("detokenizer")  # the tokenizer: never garbage (core/heap.py)
     replies.put(("ready", None))
     try:
         relay(detok, sockets, parent)

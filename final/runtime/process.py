@@ -35,6 +35,7 @@ import zmq
 
 from ..core.config import EngineConfig
 from ..core.errors import UserError
+from ..core.heap import freeze_startup_heap
 from ..core.logs import setup_logging
 from ..engine.core import EngineCore
 from ..engine.messages import (
@@ -173,6 +174,7 @@ def engine_main(
     outputs.bind(output_addr)
     if pulse is not None:
         Heartbeat(pulse).start()  # a daemon thread: it ends with the process
+    freeze_startup_heap("engine")  # the model, its graphs, the pool: never garbage (core/heap.py)
     ready.put(("ready", core.info()))
     try:
         serve(core, requests, outputs, parent, pulse)

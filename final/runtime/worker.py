@@ -24,6 +24,7 @@ from datetime import timedelta
 
 import torch
 
+from ..core.heap import freeze_startup_heap
 from ..core.logs import setup_logging
 from ..distributed.group import close_tp, init_tp, open_store, parse_address
 from ..distributed.step_channel import StepChannel
@@ -61,6 +62,7 @@ def run_rank(spec: RankSpec, store, rank: int, local_rank: int) -> None:
     tp = init_tp(store, rank, config.tp, device, config.dist_timeout)
     try:
         executor = Executor(config, device, tp)
+        freeze_startup_heap(f"tensor-parallel rank {rank}")  # a rank that pauses stalls them all
         steps = executor.follow(StepChannel(tp))
         log.debug("tensor-parallel rank %d: %d steps, shutting down", rank, steps)
         executor.release_graphs()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..core.config import EngineConfig
 from ..core.errors import UserError
+from ..core.heap import freeze_startup_heap
 from ..frontend.engine_monitor import Liveness
 from ..frontend.options import ServeOptions
 from ..frontend.sampling_defaults import sampling_flags
@@ -156,6 +157,7 @@ def run_http(
 
     def on_ready(server_state: ServerState) -> None:
         running["state"], running["loop"] = server_state, asyncio.get_running_loop()
+        freeze_startup_heap("api")  # FastAPI, the tokenizer, torch's imports (core/heap.py)
 
     def stop_requests() -> None:
         """Runs on the event loop: refuse new requests, end those in flight with an error event."""

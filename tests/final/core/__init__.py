@@ -1,0 +1,1 @@
+"""final/core: the pieces every layer shares."""
