@@ -3,10 +3,11 @@
 CPython frees almost everything by reference counting; its cyclic collector is the backstop, and
 a collection of its oldest generation stops the whole process while it walks every tracked
 object alive. A serving process holds hundreds of thousands of them from start-up on (torch,
-the model's modules, the tokenizer, FastAPI's routes), none of which is ever garbage: on the
-development machine a full collection of the API process's heap took 132 ms (issue 27's notes),
-and while it runs no frame is written, no step is scheduled. Under load such a collection comes
-every few hundred requests. SGLang traced 100-300 ms server stalls to it
+the model's modules, the tokenizer, FastAPI's routes), none of which is ever garbage, and while
+a full collection walks them no frame is written and no step is scheduled
+(scripts/bench_gc_freeze.py measures the pause per process). It comes whenever enough objects
+have outlived the young collections, which requests in flight do. SGLang traced 100-300 ms
+server stalls to it
 (https://github.com/sgl-project/sglang/pull/9241) and vLLM freezes its engine's heap after
 start-up (https://github.com/vllm-project/vllm/pull/24008).
 
