@@ -80,6 +80,8 @@
 #                 by process (scripts/bench_api_cost.py: the real server over a stand-in engine with a
 #                 5 ms step; about a minute), into final_api_cost_<gpu>.json: can the API process
 #                 write the frames per second of the online table? (needs ckpt, for its tokenizer)
+#   gc-freeze     a full garbage collection in each server process before and after its start-up freeze
+#                 (scripts/bench_gc_freeze.py, the stand-in engine; half a minute), final_gc_freeze_<gpu>.json
 #   host-step     the host's CPU time per decode step of final/, by phase, at batch 64 and 256 on this
 #                 host's CPU (scripts/bench_host_step.py: the GPU's parts stood in; the GPU is idle),
 #                 table in the log, JSON in logs/host_step.json: does the host set the pace?
@@ -323,6 +325,7 @@ run_step() {
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py -m scripts.bench_versus --model $ckpt --out $results \
         --gpu $gpu --repeats "${VERSUS_REPEATS:-3}" ${VERSUS_BASE:+--base "$VERSUS_BASE"}
       ;;
+    gc-freeze) $py -m scripts.bench_gc_freeze --model $ckpt --out-dir $results ;;
     api-cost) $py -m scripts.bench_api_cost --model $ckpt --tick-ms 5 --out-dir $results --name final_api_cost_$gpu ;;
     host-step) $py -m scripts.bench_host_step --steps 200 --json "$out/logs/host_step.json" ;;
     graph-launch) $py -m scripts.bench_graph_launch --model $ckpt --batch 1 64 --json "$out/logs/graph_launch.json" ;;
