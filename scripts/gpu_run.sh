@@ -152,7 +152,7 @@ run_step() {
       nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
       $py -c "import torch, flashinfer, transformers; print(torch.__version__, torch.version.cuda, flashinfer.__version__, transformers.__version__); print(torch.cuda.get_device_name(), torch.cuda.mem_get_info())"
       $py -c "import importlib.metadata as m, flash_attn.cute, cutlass; print('flash-attn-4', m.version('flash-attn-4'), 'nvidia-cutlass-dsl', m.version('nvidia-cutlass-dsl'))"
-      $py -c "import torch; from final.attention.choose import resolve_attention as r; print('auto:', r('auto', 'cuda', torch.bfloat16))"
+      $py -c "import torch; from final.attention.choose import resolve_attention as r; c = r('auto', 'cuda', torch.bfloat16); print('auto:', c.label, 'page size', c.page_size)"
       ;;
     fiws-save)  # the FlashInfer JIT cache as it stands, in 15 MB parts (the tool brings back files of
       # at most 16 MiB): copy them to .fiws-cache/ here, and the next call compiles nothing again.
