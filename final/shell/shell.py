@@ -12,6 +12,7 @@ for the rest of the session.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -191,6 +192,12 @@ class Shell:
 
 
 def run_shell(args: ServeOptions, config: EngineConfig) -> int:
+    # Ctrl-C stops an answer (Shell.answer catches KeyboardInterrupt). Python raises it only if
+    # SIGINT was not ignored when the process started, and a shell started from a background job
+    # of a non-interactive script inherits SIGINT ignored (POSIX shells do that to `cmd &`): the
+    # terminal's Ctrl-C then did nothing. A chat shell on a terminal takes Ctrl-C itself. (The
+    # engine process it starts ignores SIGINT on its own: the shell owns the keyboard.)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     frontend = start_frontend(
         config,
         args.log_level or "warning",

@@ -23,10 +23,12 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[=>]|\x1b\][^\x07]*\x07|\r")
 class Terminal:
     """A child process on a pty, with expect(): wait until its output contains a pattern."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]):
+    def __init__(self, argv: list[str], env: dict[str, str], sigint_ignored: bool = False):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its controlling terminal, so Ctrl-C becomes SIGINT
             os.chdir(ROOT)
+            if sigint_ignored:  # as a background job of a script starts it: exec keeps it ignored
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             os.execvpe(argv[0], argv, env)
         self.raw = b""
         self.seen = 0  # how much of the output expect() has consumed
@@ -78,7 +80,7 @@ class Terminal:
             pass
 
 
-def start_shell(model_dir: Path, *flags: str) -> Terminal:
+def start_shell(model_dir: Path, *flags: str, sigint_ignored: bool = False) -> Terminal:
     env = {**os.environ, "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1", "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     argv = [
@@ -92,7 +94,7 @@ def start_shell(model_dir: Path, *flags: str) -> Terminal:
         "4096",
         *flags,
     ]
-    return Terminal(argv, env)
+    return Terminal(argv, env, sigint_ignored)
 
 
 @pytest.fixture
@@ -174,6 +176,23 @@ def test_shell_sampling_flags_and_set(default_model_dir):
         out = term.expect(PROMPT)
         assert "temperature = 0.0  (--temperature)" in out and "max_tokens = 2  (/set)" in out
 
+        term.send("/exit\r")
+        assert term.wait() == 0
+    finally:
+        term.kill()
+
+
+def test_ctrl_c_stops_an_answer_even_when_the_shell_started_with_sigint_ignored(default_model_dir):
+    # A POSIX shell starts `cmd &` of a non-interactive script with SIGINT ignored, and Python
+    # then never raises KeyboardInterrupt: the shell must take Ctrl-C back for its terminal.
+    term = start_shell(default_model_dir, sigint_ignored=True)
+    try:
+        term.expect(r"Chatting with SmolLM2-135M-Instruct", timeout=240)
+        term.expect(PROMPT)
+        term.send("Write a very long story about a dog who sails around the world.\r")
+        term.expect(r"sails around the world\.\n[A-Za-z]\S* \S+ \S+ ")  # its first words
+        term.send("\x03")
+        assert "[stopped]" in term.expect(PROMPT, timeout=60)
         term.send("/exit\r")
         assert term.wait() == 0
     finally:
