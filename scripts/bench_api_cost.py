@@ -226,11 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in metrics.items():
         print(f"{key:28s} {value:10.1f}   (runs: {', '.join(f'{v:.1f}' for v in runs[key])})")
     if args.out_dir:
-        result = result_json(args, metrics, runs)
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        path = args.out_dir / f"{result['name']}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"-> {path}")
+        from stages.common.bench import write_result
+
+        print(f"-> {write_result(result_json(args, metrics, runs), args.out_dir)}")
     return 0
 
 

@@ -14,7 +14,6 @@ model: a real engine's is larger) --repeats times and takes the median of each f
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None, help="default: final_gc_freeze_<device>")
     args = parser.parse_args(argv)
     from stages.common import hardware
-    from stages.common.bench import stamp_run_id
+    from stages.common.bench import stamp_run_id, write_result
     from stages.common.default_model import ensure_default_model
 
     model = args.model or ensure_default_model()
@@ -87,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "runs": [{f"{p}_{k}": v for p, heap in run.items() for k, v in heap.items()} for run in runs],
         })  # fmt: skip
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        path = args.out_dir / f"{result['name']}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"-> {path}")
+        print(f"-> {write_result(result, args.out_dir)}")
     return 0
 
 

@@ -72,6 +72,14 @@ def stamp_run_id(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def write_result(result: dict[str, Any], out_dir: Path) -> Path:
+    """The result as `<out_dir>/<name>.json` (benchmarks/README.md's schema); its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{result['name']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
 class StepEngine(Protocol):
     def add_request(self, prompt: list[int], params: SamplingParams) -> int: ...
     def step(self) -> list[tuple[int, RequestOutput]]: ...
@@ -631,9 +639,7 @@ def main(argv: list[str] | None = None) -> None:
     warn_if_busy()
     runs = [run_child(argv, i, args.repeats, args.threads) for i in range(args.repeats)]
     result = build_result(args, argv, runs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{result['name']}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_result(result, args.out)
     summary = ", ".join(f"{k}={v:.4g}" for k, v in list(result["metrics"].items())[:4])
     print(f"[bench] {result['name']}: {summary} -> {path}", file=sys.stderr)
 
