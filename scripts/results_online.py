@@ -105,11 +105,12 @@ def render(results: list[Result], plot_link: str | None = None) -> str:
                 cells.append(f"{format_metric(a)} · {format_metric(b)} · {format_ratio(ratio)}")
             out.append("| " + " | ".join(cells) + " |")
         out += ["", *_smoothness(call, rates), ""]
-        if plot_link:
-            out += [
-                f"![TTFT p50 and the share of gaps under half a step (dashed: the 5% goal) against the request rate, {device}]({plot_link})",
-                "",
-            ]
+    if plot_link:  # one figure, a row of panels per GPU (plot()), so it is shown once, after them all
+        where = " and ".join(shown)
+        out += [
+            f"![TTFT p50 and the share of gaps under half a step (dashed: the 5% goal) against the request rate, {where}]({plot_link})",
+            "",
+        ]
     return "\n".join(out)
 
 

@@ -290,3 +290,19 @@ def test_client_processes_share_the_requests_round_robin():
     assert bench_online.shards(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
     assert bench_online.shards(2, 4) == [[0], [1]]  # no process without a request
     assert 1 <= bench_online.default_client_procs() <= 8
+
+
+def test_the_online_plot_is_shown_once_for_all_gpus():
+    """The figure has a row of panels per GPU, so the page shows it once, after every GPU's tables,
+    naming them all (it was shown under each GPU, the same two rows twice)."""
+    from scripts import results_online
+
+    results = []
+    for gpu, name in (("h200", "NVIDIA H200"), ("h100", "NVIDIA H100 80GB HBM3")):
+        for stage, prefix in (("final", "final_online"), ("mini-sglang", "peer_minisgl_online")):
+            r = online_result(stage, f"{prefix}_{gpu}", "8", f"call-{gpu}", 40.0)
+            results.append(r.__class__(**{**r.__dict__, "hardware": {"cpu": "Xeon", "gpu": name}}))
+    page = results_online.render(results, "plot.png")
+    assert page.count("](plot.png)") == 1
+    assert page.index("](plot.png)") > max(page.index("### H100"), page.index("### H200"))
+    assert "against the request rate, H100 and H200" in page
