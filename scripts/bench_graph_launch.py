@@ -12,7 +12,9 @@ the previous one ends, so the share of launches that find the GPU drained is the
 that lose GPU time to the host; the launch time says whether the launch itself is the cost.
 
 `batch` requests with 512-token random prompts and enough output room are run through `LLM.generate`
-after a warm-up; one line per batch size, and `--json` writes them.
+after a warm-up; one line per batch size. `--out-dir` writes them as one result file,
+`final_graph_launch_<gpu>.json` (benchmarks/README.md's schema, metrics named per batch:
+`launch_us_p50_b1`, `drained_share_b1`, ...), which the docs quote by macro; `--json` the bare rows.
 """
 
 from __future__ import annotations
@@ -20,10 +22,31 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def as_result(rows: list[dict[str, float]], model: str, attn: str, tokens: int) -> dict[str, Any]:
+    """The rows as a result of benchmarks/README.md's schema, one metric per (figure, batch)."""
+    from stages.common import hardware
+    from stages.common.bench import stamp_run_id
+
+    metrics = {f"{key}_b{row['batch']:g}": value for row in rows for key, value in row.items() if key != "batch"}
+    return stamp_run_id({
+        "name": f"final_graph_launch_{hardware.device_tag('cuda')}",
+        "stage": "final",
+        "workload": "graph-launch",
+        "config": {"model": Path(model).name, "attn": attn, "tokens": tokens, "prompt_tokens": 512,
+                   "batches": [row["batch"] for row in rows]},
+        "metrics": metrics,
+        "hardware": hardware.describe(),
+        "versions": hardware.versions(),
+        "command": "python -m scripts.bench_graph_launch " + " ".join(sys.argv[1:]),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })  # fmt: skip
 
 
 class LaunchMeter:
@@ -68,6 +91,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--attn", default="fi")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--out-dir", type=Path, help="write final_graph_launch_<gpu>.json there")
     args = parser.parse_args()
 
     import torch
@@ -97,6 +121,10 @@ def main() -> None:
             f"{row.get('launch_us_p50', 0):.1f} µs (p90 {row.get('launch_us_p90', 0):.1f}), "
             f"GPU already drained at {row.get('drained_share', 0):.1%} of them"
         )
+    if args.out_dir:
+        from stages.common.bench import write_result
+
+        print(f"-> {write_result(as_result(rows, args.model, args.attn, args.tokens), args.out_dir)}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
