@@ -16,7 +16,12 @@ mkdir -p "$out"
 python="${PYTHON:-python3}"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 
-args=(-m "gpu or multi_gpu" -rs -o junit_family=xunit2 --junitxml="$out/junit.xml")
+# A test still running after GPU_TEST_STACKS_AFTER_S seconds gets every thread's stack dumped into the
+# log (pytest's faulthandler_timeout; the test goes on): a call cut off at its time limit then still
+# says whether it was compiling kernels or waiting (2026-11-27: test-stage07's first test ran past
+# a whole 540 s call and left nothing to read).
+args=(-m "gpu or multi_gpu" -rs -o junit_family=xunit2 --junitxml="$out/junit.xml"
+      -o faulthandler_timeout="${GPU_TEST_STACKS_AFTER_S:-240}")
 if [ "$#" -eq 0 ]; then
   args+=(tests)
 fi

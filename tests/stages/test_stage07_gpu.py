@@ -78,7 +78,7 @@ def run(model_dir, tp: int, prompts, params, attn: str = "fi", arrivals: list[in
 
 
 @pytest.mark.parametrize("size", tp_degrees())
-@pytest.mark.parametrize("attn", ["fi", "torch"])
+@pytest.mark.parametrize("attn", ["torch", "fi"])  # torch first: it needs no kernel compiled
 def test_tp_matches_tp1_on_a_tiny_model(gpu_tiny_dir, size, attn):
     """Staggered arrivals (graphs of several sizes), a 60-token prompt chunked under a budget of 32,
     and a shared 48-token head (a radix hit)."""
