@@ -41,6 +41,9 @@
 #   profile-stage06  8 consecutive steps at batch 64, overlap off and on, under the torch profiler
 #   profile-final 8 consecutive steps of final/ as it serves (CUDA graphs and overlap on) and with
 #                 both off, under the torch profiler (batch 1 and 64)
+#   offline-phases  final/'s offline run (versus's workload) split into prefill steps, full-batch decode
+#                 and the draining tail, time and tokens of each (scripts/bench_offline_phases.py; about a
+#                 minute), into final_offline_phases_<gpu>.json: where the H100's offline gap is
 #   test-stage07  stage 07's GPU tests (TP=2, and TP=4 on 4 GPUs, against TP=1; a killed rank)
 #   bench-stage07 stage 07's batch-1 decode and offline workload at TP 1, 2 (and 4 on 4 GPUs), for the
 #                 0.6B and 8B shapes (needs ckpt and ckpt-8b)
@@ -75,7 +78,7 @@
 #                 (scripts/bench_versus.py), into versus_minisgl_<gpu>.json with every ratio
 #   graph-launch  final/'s CUDA graph launches as it serves, without a profiler: the host's time in
 #                 each and the share that found the GPU drained (scripts/bench_graph_launch.py), batch
-#                 1 and 64, into logs/graph_launch.json: is the batch-1 idle the launch? (needs ckpt)
+#                 1 and 64, into final_graph_launch_<gpu>.json: is the batch-1 idle the launch? (needs ckpt)
 #   api-cost      the server's CPU time per streamed frame and per request on this host's CPU, process
 #                 by process (scripts/bench_api_cost.py: the real server over a stand-in engine with a
 #                 5 ms step; about a minute), into final_api_cost_<gpu>.json: can the API process
@@ -328,7 +331,8 @@ run_step() {
     gc-freeze) $py -m scripts.bench_gc_freeze --model $ckpt --out-dir $results ;;
     api-cost) $py -m scripts.bench_api_cost --model $ckpt --tick-ms 5 --out-dir $results --name final_api_cost_$gpu ;;
     host-step) $py -m scripts.bench_host_step --steps 200 --json "$out/logs/host_step.json" ;;
-    graph-launch) $py -m scripts.bench_graph_launch --model $ckpt --batch 1 64 --json "$out/logs/graph_launch.json" ;;
+    graph-launch) $py -m scripts.bench_graph_launch --model $ckpt --batch 1 64 --out-dir $results ;;
+    offline-phases) $py -m scripts.bench_offline_phases --model $ckpt --out-dir $results ;;
     test-kv-fp8) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kvcache/test_final_gpu_kv_fp8.py ;;
     kv-fp8)
       local part rc=0
