@@ -30,6 +30,7 @@ COLUMNS = (
 )
 SMOOTH = (  # final/'s own split, and how smooth each server's streams were
     ("step_ms_p50", "engine step (ms)"),
+    ("engine_ttft_ms_p50", "first token in the engine p50 (ms)"),  # of the TTFT: door to token
     ("frontend_ms_p50", "engine → client p50 (ms)"),
     ("server_ms_p90", "engine → server's write p90 (ms)"),  # the tail of the server's own part
     ("burst_share_half_step", "gaps < ½ step"),

@@ -26,6 +26,10 @@ machine): a token's latency then splits into the engine's part and the frontend'
     frontend_ms      a token's time from the engine's host to the client (detokenizer, API process,
                      HTTP); server_ms of it until the server wrote it, network_ms the rest;
                      server_ms is detok_ms (engine -> the detokenizer's send) + api_ms (-> the write)
+    ingress_ms       a first token's wait split at the engine's door: from sending the request to
+    engine_ttft_ms   the server's sending it on to the engine (HTTP, parsing, tokenizing), then to
+    first_frontend_ms  the first token on the engine's host (waiting for a step, the prefill), then
+                     to the client (with timing from a server that stamps `submitted`)
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Record:
     engine_times: list[float] = field(default_factory=list)  # per chunk, when the server says
     written_times: list[float] = field(default_factory=list)  # per chunk: when the server wrote it
     detokenized_times: list[float] = field(default_factory=list)  # per chunk: when it left the detokenizer
+    submitted: float = 0.0  # when the server sent the request to the engine (its first chunk says)
     completion_tokens: int = 0
     error: str | None = None
 
@@ -142,6 +147,12 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
                 for w, d in zip(r.written_times, r.detokenized_times, strict=False)
             ]
             out |= spread("detok_ms", detok) | spread("api_ms", api)
+        # The first token's wait in three: to the engine's door, in the engine, back to the client.
+        doors = [r for r in timed if r.submitted]
+        if doors:
+            out |= spread("ingress_ms", [(r.submitted - r.sent) * 1e3 for r in doors])
+            out |= spread("engine_ttft_ms", [(r.engine_times[0] - r.submitted) * 1e3 for r in doors])
+            out |= spread("first_frontend_ms", [(r.chunk_times[0] - r.engine_times[0]) * 1e3 for r in doors])
     return out
 
 

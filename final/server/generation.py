@@ -55,6 +55,9 @@ class Served:
 
     rid: int
     arrival: float  # time.perf_counter() at submission
+    # time.monotonic() once the request is on its way to the engine (tokenized, sent): the first
+    # frame's timing carries it, so a client splits its first token's wait at the engine's door.
+    submitted: float = 0.0
     finish_reason: str | None = None
     num_tokens: int = 0
     cached_tokens: int = 0
@@ -83,7 +86,7 @@ async def generate(
     each becomes its own frame), as they come."""
     client, metrics = state.client, state.metrics
     rid, mailbox = client.submit(prompt_ids, params)
-    request = Served(rid, time.perf_counter())
+    request = Served(rid, time.perf_counter(), submitted=time.monotonic())
     last_token_at: float | None = None
     last_check = time.monotonic()
     try:

@@ -49,7 +49,8 @@ class StreamOptions(StrictModel):
     include_timing: bool = Field(
         False,
         description="extension: each chunk with tokens carries `timing`, the monotonic clock's seconds "
-        "when its tokens reached the engine's host, left the detokenizer and left the server",
+        "when its tokens reached the engine's host, left the detokenizer and left the server, and in a "
+        "request's first such chunk when the server sent the request to the engine",
     )
 
 

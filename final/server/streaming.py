@@ -46,9 +46,10 @@ async def stream_sse(
     """SSE frames: first_chunks, one chunk per engine step (chunk(index, out): dicts, or JSON text
     from formatting.TextFrame), each written as
     it comes, then usage and [DONE]. `timing` (stream_options.include_timing) adds to each frame
-    with tokens when they reached the engine's host, left the detokenizer and left this process
+    with tokens when they reached the engine's host, left the detokenizer and left this process, and
+    the first such frame of a request when this process sent the request to the engine
     (time.monotonic(): one clock for every process of the machine, so a client on the same machine
-    splits its latency into the engine's part and the frontend's)."""
+    splits its latency into the engine's part and the frontend's, its first token's too)."""
     completion_tokens, cached = 0, 0
     try:
         for first in first_chunks:
@@ -69,6 +70,8 @@ async def stream_sse(
                         "detokenized": out.detokenized_at,
                         "sent": time.monotonic(),
                     }
+                    if request.num_tokens == len(out.token_ids):  # the request's first tokens
+                        stamps["submitted"] = request.submitted
                     frames[0] = with_field(frames[0], "timing", stamps)
                 for frame in frames:
                     yield sse(frame)

@@ -70,3 +70,17 @@ def test_the_servers_part_splits_into_the_detokenizer_and_the_api():
     assert m["server_ms_p50"] == pytest.approx(3.2)
     r.detokenized_times = [0.0, 0.0]  # a server that does not stamp it
     assert "detok_ms_p50" not in summarize([r], duration=1.0)
+
+
+def test_a_first_token_splits_at_the_engines_door():
+    """Sent at 0; the server sends it on to the engine at 2 ms (the `submitted` stamp), its first
+    token is on the engine's host at 30 ms and at the client at 31: ingress 2, engine 28, frontend 1.
+    A request whose first frame had no stamp is left out of the split, not counted as 0."""
+    r = record([30, 40], [31, 41])
+    r.submitted = 0.002
+    unstamped = record([5, 15], [6, 16])
+    m = summarize([r, unstamped], duration=1.0)
+    assert m["ingress_ms_p50"] == pytest.approx(2.0)
+    assert m["engine_ttft_ms_p50"] == pytest.approx(28.0)
+    assert m["first_frontend_ms_p50"] == pytest.approx(1.0)
+    assert "ingress_ms_p50" not in summarize([unstamped], duration=1.0)

@@ -14,6 +14,7 @@ timing (the code before issue 27) gets no second chance.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -116,11 +117,16 @@ def test_at_saturation_the_server_writes_each_stream_a_step_apart(saturated):
 def test_timing_splits_a_tokens_latency(server):
     """The timing a frame carries is the engine's clock, then the detokenizer's, then the API's,
     in that order, and the engine's are a step apart (the stand-in's 10 ms clock)."""
+    before = time.monotonic()
     records = run_streams(server, 4, 20)
     for record in records:
         timings = [f.data["timing"] for f in record.frames if "timing" in f.data]
         assert len(timings) == 20
         assert all(t["engine"] <= t["detokenized"] <= t["sent"] for t in timings)
         assert all(t["sent"] <= f.at for t, f in zip(timings, record.frames, strict=False))
+        # The first frame also says when the server sent the request on to the engine: before
+        # the engine had its token, after the client sent it; no later frame repeats it.
+        assert [("submitted" in t) for t in timings] == [True] + [False] * 19
+        assert before <= timings[0]["submitted"] <= timings[0]["engine"]
     engine = sorted(server_gaps_ms(records, "engine") or [])
     assert abs(engine[len(engine) // 2] - TICK_S * 1e3) < 1.0
