@@ -44,6 +44,8 @@
 #   offline-phases  final/'s offline run (versus's workload) split into prefill steps, full-batch decode
 #                 and the draining tail, time and tokens of each (scripts/bench_offline_phases.py; about a
 #                 minute), into final_offline_phases_<gpu>.json: where the H100's offline gap is
+#   prefill-kernels  the GPU kernels of one prefill of 32 fresh 512-token prompts, final/ and Mini-SGLang
+#                 (scripts/kernel_table.py --prefill-prompts; needs .peers), into logs/prefill_kernels_*.json
 #   test-stage07  stage 07's GPU tests (TP=2, and TP=4 on 4 GPUs, against TP=1; a killed rank)
 #   bench-stage07 stage 07's batch-1 decode and offline workload at TP 1, 2 (and 4 on 4 GPUs), for the
 #                 0.6B and 8B shapes (needs ckpt and ckpt-8b)
@@ -333,6 +335,10 @@ run_step() {
     host-step) $py -m scripts.bench_host_step --steps 200 --json "$out/logs/host_step.json" ;;
     graph-launch) $py -m scripts.bench_graph_launch --model $ckpt --batch 1 64 --out-dir $results ;;
     offline-phases) $py -m scripts.bench_offline_phases --model $ckpt --out-dir $results ;;
+    prefill-kernels)  # both engines' kernels of one 16,384-token prefill (issue 31), into logs/
+      $py -m scripts.kernel_table --engine final --model $ckpt --batch --prefill-prompts 32 --json "$out/logs/prefill_kernels_final.json"
+      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py -m scripts.kernel_table --engine mini-sglang --model $ckpt \
+        --batch --prefill-prompts 32 --json "$out/logs/prefill_kernels_minisgl.json" ;;
     test-kv-fp8) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kvcache/test_final_gpu_kv_fp8.py ;;
     kv-fp8)
       local part rc=0

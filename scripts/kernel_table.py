@@ -11,6 +11,12 @@ kernel launches and GPU microseconds per kernel name, grouped by scripts/kernel_
 categories. The engines run through their public offline APIs (scripts/bench_peer.py builds
 them), so both are measured by the same code. This is ../shared/peers/kernel_diff.py made a
 project script: JSON out, the engines built in one place.
+
+`--prefill-prompts N` adds a prefill table: one call of N fresh prompts of 512 tokens (none in the
+prefix cache; a warm-up call of other fresh prompts first) asked for one token, profiled whole:
+the kernels of prefilling N x 512 tokens (16,384 at N = 32, one step at both engines' prefill
+budget) and sampling one token each. The decode table shows where a decode step's time goes; this
+one shows the prefill's, where an offline run spends the rest (issue 31).
 """
 
 from __future__ import annotations
@@ -53,6 +59,19 @@ def step_table(
     }
 
 
+def fresh_prompts(rng: random.Random, n: int, vocab: int) -> list[list[int]]:
+    """n prompts of PROMPT_TOKENS random ids: a new call's are fresh (no prefix cache hit)."""
+    return [[rng.randrange(3, vocab - 1) for _ in range(PROMPT_TOKENS)] for _ in range(n)]
+
+
+def prefill_table(kernels: dict[str, tuple[int, float]], prompts: int) -> dict[str, Any]:
+    """A whole profiled call of `prompts` fresh prompts and one token each: its kernels, totals and
+    categories as step_table gives them, with the prompt tokens it prefilled."""
+    return {"phase": "prefill", "prompts": prompts, "prompt_tokens": prompts * PROMPT_TOKENS} | step_table(
+        {}, kernels, 1
+    )
+
+
 def profile_call(
     generate, prompts: list[list[int]], tokens: int, temperature: float
 ) -> dict[str, tuple[int, float]]:
@@ -79,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", required=True, choices=sorted(ENGINES))
     parser.add_argument("--model", type=Path, default=ROOT / "checkpoints/qwen3-0.6b-random")
     parser.add_argument("--attn", default="fi")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
+    parser.add_argument("--batch", type=int, nargs="*", default=[1, 256], help="decode tables (none: --batch)")
+    parser.add_argument("--prefill-prompts", type=int, default=0, help="add a prefill table of N fresh prompts")
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.6])
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--json", type=Path, required=True, help="where the tables go (a JSON list)")
@@ -95,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     rng = random.Random(0)
     tables = []
     for batch in args.batch:
-        prompts = [[rng.randrange(3, vocab - 1) for _ in range(PROMPT_TOKENS)] for _ in range(batch)]
+        prompts = fresh_prompts(rng, batch, vocab)
         for temperature in args.temperature:
             generate(prompts, [4] * batch, temperature)  # warm-up; the prompts enter the prefix cache
             one = profile_call(generate, prompts, 1, temperature)
@@ -109,6 +129,17 @@ def main(argv: list[str] | None = None) -> None:
                 file=sys.stderr,
                 flush=True,
             )
+    if args.prefill_prompts:
+        generate(fresh_prompts(rng, args.prefill_prompts, vocab), [1] * args.prefill_prompts, 0.0)  # warm-up
+        kernels = profile_call(generate, fresh_prompts(rng, args.prefill_prompts, vocab), 1, 0.0)
+        table = {"engine": args.engine} | prefill_table(kernels, args.prefill_prompts)
+        tables.append(table)
+        print(
+            f"[kernel_table] {args.engine} prefill of {table['prompt_tokens']} tokens: {table['kernels_per_step']} "
+            f"kernels, {table['gpu_us_per_step']} GPU us",
+            file=sys.stderr,
+            flush=True,
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(tables, indent=1) + "\n")
 
