@@ -16,7 +16,9 @@ it is the whole loop. Each step falls in one phase by what it carried:
 
 Per phase the result has its steps, seconds, share of the run, output tokens and output tokens a
 second (`<phase>_s`, `<phase>_share`, ...; `prefill_prompt_tokens` for the prompt tokens
-computed), so the offline gap to Mini-SGLang (docs/serving/performance.md, "What is left") can be
+computed), and the host's mean time inside `launch` (`<phase>_launch_ms_mean`: prefill steps run
+eagerly, kernel by kernel, so their launch may take as long as the step before it runs, and then
+the GPU waits), so the offline gap to Mini-SGLang (docs/serving/performance.md, "What is left") can be
 placed: a slow prefill, a slow full-batch decode, or a long tail.
 """
 
@@ -40,6 +42,7 @@ class StepRecord:
     prompt_tokens: int  # prompt tokens the step computed (whole prompts and chunks)
     decode_rows: int  # requests the step decoded one token for
     output_tokens: int  # tokens the step sampled (decodes, and prompts it finished)
+    launch_seconds: float = 0.0  # the host's time inside `launch` (an eager step's kernel launches)
 
 
 def phase_of(step: StepRecord, full_batch: int, full_share: float) -> str:
@@ -71,6 +74,8 @@ def phases(steps: list[StepRecord], full_share: float = 0.9) -> dict[str, float]
             f"{phase}_output_tokens": tokens,
             f"{phase}_tok_per_s": tokens / seconds if seconds else 0.0,
             f"{phase}_step_ms_mean": 1e3 * seconds / len(mine) if mine else 0.0,
+            # A launch that takes as long as a step means the GPU waited for the host there.
+            f"{phase}_launch_ms_mean": 1e3 * sum(s.launch_seconds for s in mine) / len(mine) if mine else 0.0,
         }
     return out
 
@@ -80,22 +85,23 @@ def recording(core: Any) -> Iterator[list[StepRecord]]:
     """Records every step `core` (an EngineCore) launches and collects while the block runs: what
     the step carried is read at launch, before launching changes the requests; its time at collect."""
     steps: list[StepRecord] = []
-    carried: dict[int, tuple[int, int]] = {}  # id(handle) -> (prompt tokens, decode rows)
+    carried: dict[int, tuple[int, int, float]] = {}  # id(handle) -> (prompt tokens, decode rows, launch s)
     launch, collect = core.launch, core.collect
     last = [time.perf_counter()]
 
     def timed_launch(batch: Any) -> Any:
         decode_rows = sum(1 for req in batch.requests if req.is_decoding)
         prompt_tokens = sum(q for req, q in zip(batch.requests, batch.query_lens, strict=True) if not req.is_decoding)
+        start = time.perf_counter()
         handle = launch(batch)
-        carried[id(handle)] = (prompt_tokens, decode_rows)
+        carried[id(handle)] = (prompt_tokens, decode_rows, time.perf_counter() - start)
         return handle
 
     def timed_collect(handle: Any) -> Any:
         out = collect(handle)
         now = time.perf_counter()
-        prompt_tokens, decode_rows = carried.pop(id(handle), (0, 0))
-        steps.append(StepRecord(now - last[0], prompt_tokens, decode_rows, len(handle.sampled)))
+        prompt_tokens, decode_rows, launched = carried.pop(id(handle), (0, 0, 0.0))
+        steps.append(StepRecord(now - last[0], prompt_tokens, decode_rows, len(handle.sampled), launched))
         last[0] = now
         return out
 
@@ -152,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{phase:8s} {metrics[f'{phase}_steps']:6.0f} steps {metrics[f'{phase}_s']:8.3f} s "
             f"({metrics[f'{phase}_share']:5.1%}) {metrics[f'{phase}_output_tokens']:8.0f} output tokens "
-            f"{metrics[f'{phase}_tok_per_s']:9.0f} tok/s, {metrics[f'{phase}_step_ms_mean']:.2f} ms a step"
+            f"{metrics[f'{phase}_tok_per_s']:9.0f} tok/s, {metrics[f'{phase}_step_ms_mean']:.2f} ms a step, "
+            f"{metrics[f'{phase}_launch_ms_mean']:.2f} ms of it launching"
         )
     print(f"total {metrics['total_s']:.3f} s, {metrics['output_tok_per_s']:.0f} output tok/s, "
           f"full batch {metrics['full_batch']:.0f}")  # fmt: skip

@@ -18,7 +18,7 @@ def test_steps_fall_in_their_phase_and_sum_to_the_run():
         StepRecord(0.10, prompt_tokens=0, decode_rows=10, output_tokens=10),  # the full batch
         StepRecord(0.10, prompt_tokens=0, decode_rows=9, output_tokens=9),  # 90% of it: still full
         StepRecord(0.05, prompt_tokens=0, decode_rows=8, output_tokens=8),  # the tail
-        StepRecord(0.05, prompt_tokens=0, decode_rows=1, output_tokens=1),
+        StepRecord(0.05, prompt_tokens=0, decode_rows=1, output_tokens=1, launch_seconds=0.01),
     ]
     out = phases(steps, full_share=0.9)
     assert out["full_batch"] == 10 and out["steps"] == 6
@@ -29,6 +29,7 @@ def test_steps_fall_in_their_phase_and_sum_to_the_run():
     assert out["decode_output_tokens"] == 19 and out["decode_tok_per_s"] == pytest.approx(95.0)
     assert out["prefill_prompt_tokens"] == 5000 and out["output_tok_per_s"] == pytest.approx(46 / 1.1)
     assert out["tail_step_ms_mean"] == pytest.approx(50.0)
+    assert out["tail_launch_ms_mean"] == pytest.approx(5.0) and out["decode_launch_ms_mean"] == 0.0
 
 
 def test_a_cpu_run_accounts_for_every_token_of_the_workload(tiny_qwen3_dir, tmp_path):
@@ -45,4 +46,5 @@ def test_a_cpu_run_accounts_for_every_token_of_the_workload(tiny_qwen3_dir, tmp_
     assert sum(m[f"{p}_output_tokens"] for p in ("prefill", "decode", "tail")) == sum(i.params.max_tokens for i in items)
     assert m["prefill_steps"] >= 1 and m["decode_steps"] >= 1
     assert m["prefill_s"] + m["decode_s"] + m["tail_s"] == pytest.approx(m["total_s"])
+    assert 0 < m["prefill_launch_ms_mean"] <= m["prefill_step_ms_mean"] * 1.5  # measured, and of the step's size
     assert result["workload"] == "offline-phases" and result["config"]["num_requests"] == len(items)
