@@ -15,6 +15,9 @@ machine): a token's latency then splits into the engine's part and the frontend'
                      apart that arrived together (the issue-27 goal: at most 5% below saturation)
     burst_share_2ms  share of the client's gaps under 2 ms
     smooth_streams_share    share of requests with at most 5% of their gaps under half the step
+    engine_burst_share      share of the gaps on the engine's clock under half the step: tokens the
+                     engine itself handed over close together (a step whose tokens reached the
+                     host late, then the next on time), before any frontend (with timing only)
     frontend_burst_share    share of gaps at the client under half the same two tokens' gap at
                      the engine: the bursts the frontend made (with timing only)
     server_burst_share      the same, with the times the server wrote the chunks: bursts the server
@@ -108,6 +111,7 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
         "smooth_streams_share": sum(s <= SMOOTH_MAX_BURSTS for s in per_stream) / len(per_stream),
     }
     if engine_gaps:
+        out["engine_burst_share"] = sum(g < half for g in engine_gaps) / len(engine_gaps)
         # Bursts the frontend made: a gap at the client under half the same two tokens' gap at the
         # engine (the engine's own uneven steps, a prefill among decodes, are not counted).
         pairs = [

@@ -84,3 +84,15 @@ def test_a_first_token_splits_at_the_engines_door():
     assert m["engine_ttft_ms_p50"] == pytest.approx(28.0)
     assert m["first_frontend_ms_p50"] == pytest.approx(1.0)
     assert "ingress_ms_p50" not in summarize([unstamped], duration=1.0)
+
+
+def test_the_engines_own_short_gaps_are_counted_apart():
+    """Engine gaps 10, 10, 1 (a step whose tokens reached the host late, the next on time): one in
+    three under half the 10 ms step at the engine. The client read them 10, 10, 9 apart (a frontend
+    that evened them out): no burst at the client, none made by the frontend."""
+    r = record([0, 10, 20, 21], [1, 11, 21, 30])
+    m = summarize([r], duration=1.0)
+    assert m["step_ms_p50"] == pytest.approx(10.0)
+    assert m["engine_burst_share"] == pytest.approx(1 / 3)
+    assert m["burst_share_half_step"] == 0.0
+    assert m["frontend_burst_share"] == 0.0
