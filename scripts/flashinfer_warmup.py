@@ -45,7 +45,7 @@ def jobs(fp8: bool) -> list[Job]:
     names = [f"attn:{d}:{g}:bf16" for d, g in ATTENTION_SHAPES]
     if fp8:
         names += [f"attn:{d}:{g}:fp8" for d, g in FP8_SHAPES]
-    return [Job(name) for name in [*names, "fused", "sampling"]]
+    return [Job(name) for name in [*names, "fused", "sampling", "stages"]]
 
 
 def run_attention(head_dim: int, group: int, kv: str) -> None:
@@ -120,6 +120,42 @@ def run_sampling() -> None:
     torch.cuda.synchronize()
 
 
+def run_stages(device: str = "cuda", attn: str = "fi") -> list[list[int]]:
+    """Stage 07 at TP 1, graphs and overlap on, on a tiny Qwen3-shaped model (head size 128, 2
+    query heads per KV head): the stages' own FlashInfer calls (one backend file, copied from stage
+    02 on), which final/'s jobs do not build. Stage 07's first GPU test ran past a whole call on a
+    machine that had only final/'s kernels (2026-11-27). (`device="cpu", attn="torch"`: the same calls
+    without kernels, for the CPU tests.)"""
+    import importlib
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from stages.common.sampling import SamplingParams
+    from tests.fixtures.tiny_models import make_tiny_checkpoint
+
+    stage = importlib.import_module("stages.07_tensor_parallel")
+    with tempfile.TemporaryDirectory(prefix="warmup-stages-") as tmp:
+        model = make_tiny_checkpoint(Path(tmp), "qwen3", head_dim=128, num_attention_heads=8, num_key_value_heads=4)
+        dtype = "bfloat16" if device == "cuda" else "float32"
+        llm = stage.LLM(str(model), device=device, dtype=dtype, attn=attn, tp=1, page_size=PAGE_SIZE,
+                        num_pages=256, max_running_requests=4, cuda_graph_max_bs=4, max_prefill_length=32)  # fmt: skip
+        try:
+            rids = [
+                llm.add_request(prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+                for prompt in ([5, 6, 7, 8] * 10, [9, 10, 11])  # a prompt cut into chunks, and a short one
+            ]
+            outputs = {}
+            while llm.has_unfinished():
+                outputs.update(llm.step())
+        finally:
+            llm.close()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return [outputs[rid].token_ids for rid in rids]  # each request's tokens: what the job made
+
+
 def run_one(name: str) -> None:
     if name.startswith("attn:"):
         _, head_dim, group, kv = name.split(":")
@@ -128,6 +164,8 @@ def run_one(name: str) -> None:
         run_fused()
     elif name == "sampling":
         run_sampling()
+    elif name == "stages":
+        run_stages()
     else:
         raise SystemExit(f"unknown job {name!r}")
 

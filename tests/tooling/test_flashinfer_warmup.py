@@ -22,6 +22,7 @@ def test_jobs_cover_both_decode_kinds_at_both_head_sizes_and_fp8_only_when_asked
         "attn:64:4:bf16",
         "fused",
         "sampling",
+        "stages",
     ]
     with_fp8 = [job.name for job in warmup.jobs(fp8=True)]
     assert [n for n in with_fp8 if n.endswith(":fp8")] == ["attn:128:2:fp8", "attn:64:4:fp8"]
@@ -33,10 +34,11 @@ def test_each_job_name_reaches_its_runner_with_its_shape(monkeypatch):
     monkeypatch.setattr(warmup, "run_attention", lambda *shape: calls.append(("attn", *shape)))
     monkeypatch.setattr(warmup, "run_fused", lambda: calls.append(("fused",)))
     monkeypatch.setattr(warmup, "run_sampling", lambda: calls.append(("sampling",)))
+    monkeypatch.setattr(warmup, "run_stages", lambda: calls.append(("stages",)))
     for job in warmup.jobs(fp8=True):
         warmup.run_one(job.name)
     assert calls[0] == ("attn", 128, 2, "bf16") and ("attn", 64, 4, "fp8") in calls
-    assert calls[-2:] == [("fused",), ("sampling",)]
+    assert calls[-3:] == [("fused",), ("sampling",), ("stages",)]
     with pytest.raises(SystemExit, match="unknown job 'attn-64'"):
         warmup.run_one("attn-64")
 
@@ -67,3 +69,10 @@ def test_a_failed_job_is_reported_with_its_output_and_the_others_still_finish(ca
 def test_without_a_gpu_it_refuses_in_one_line(capsys):
     assert warmup.main([]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_stages_job_runs_stage_07_to_the_end_on_the_cpu():
+    """The job's calls (stage 07's LLM at TP 1, a chunked prompt and a short one) through the torch
+    backend: on a GPU the same calls build the stages' FlashInfer kernels."""
+    tokens = warmup.run_stages(device="cpu", attn="torch")
+    assert [len(t) for t in tokens] == [4, 4]  # both requests ran to their max_tokens
