@@ -18,7 +18,6 @@ import re
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from scripts.bench_api_cost import start_server
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None, help="default: final_gc_freeze_<device>")
     args = parser.parse_args(argv)
     from stages.common import hardware
-    from stages.common.bench import stamp_run_id, write_result
+    from stages.common.bench import script_result, write_result
     from stages.common.default_model import ensure_default_model
 
     model = args.model or ensure_default_model()
@@ -74,18 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in metrics.items():
         print(f"{key:24s} {value:12,.1f}")
     if args.out_dir:
-        result = stamp_run_id({
-            "name": args.name or f"final_gc_freeze_{hardware.device_tag()}",
-            "stage": "final",
-            "workload": "gc-freeze",
-            "metrics": metrics,
-            "config": {"repeats": args.repeats, "model": model.name, "engine": "stand-in (ticking)"},
-            "hardware": hardware.describe(),
-            "versions": hardware.versions(),
-            "command": "python -m scripts.bench_gc_freeze " + " ".join(sys.argv[1:]),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "runs": [{f"{p}_{k}": v for p, heap in run.items() for k, v in heap.items()} for run in runs],
-        })  # fmt: skip
+        result = script_result(
+            "scripts.bench_gc_freeze", argv,
+            name=args.name or f"final_gc_freeze_{hardware.device_tag()}",
+            stage="final",
+            workload="gc-freeze",
+            metrics=metrics,
+            config={"repeats": args.repeats, "model": model.name, "engine": "stand-in (ticking)"},
+            runs=[{f"{p}_{k}": v for p, heap in run.items() for k, v in heap.items()} for run in runs],
+        )  # fmt: skip
         print(f"-> {write_result(result, args.out_dir)}")
     return 0
 

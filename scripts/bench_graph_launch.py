@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,21 +31,18 @@ from typing import Any
 def as_result(rows: list[dict[str, float]], model: str, attn: str, tokens: int) -> dict[str, Any]:
     """The rows as a result of benchmarks/README.md's schema, one metric per (figure, batch)."""
     from stages.common import hardware
-    from stages.common.bench import stamp_run_id
+    from stages.common.bench import script_result
 
     metrics = {f"{key}_b{row['batch']:g}": value for row in rows for key, value in row.items() if key != "batch"}
-    return stamp_run_id({
-        "name": f"final_graph_launch_{hardware.device_tag('cuda')}",
-        "stage": "final",
-        "workload": "graph-launch",
-        "config": {"model": Path(model).name, "attn": attn, "tokens": tokens, "prompt_tokens": 512,
-                   "batches": [row["batch"] for row in rows]},
-        "metrics": metrics,
-        "hardware": hardware.describe(),
-        "versions": hardware.versions(),
-        "command": "python -m scripts.bench_graph_launch " + " ".join(sys.argv[1:]),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    })  # fmt: skip
+    return script_result(
+        "scripts.bench_graph_launch", None,
+        name=f"final_graph_launch_{hardware.device_tag('cuda')}",
+        stage="final",
+        workload="graph-launch",
+        config={"model": Path(model).name, "attn": attn, "tokens": tokens, "prompt_tokens": 512,
+                "batches": [row["batch"] for row in rows]},
+        metrics=metrics,
+    )  # fmt: skip
 
 
 class LaunchMeter:

@@ -25,7 +25,6 @@ placed: a slow prefill, a slow full-batch decode, or a long tail.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import final
     from stages.common import hardware
-    from stages.common.bench import stamp_run_id, write_result
+    from stages.common.bench import script_result, write_result
     from stages.common.workloads import offline
 
     cpu = args.device == "cpu"
@@ -165,19 +164,16 @@ def main(argv: list[str] | None = None) -> int:
           f"full batch {metrics['full_batch']:.0f}")  # fmt: skip
     if args.out_dir:
         device = hardware.device_tag(args.device)
-        result = stamp_run_id({
-            "name": args.name or f"final_offline_phases_{device}",
-            "stage": "final",
-            "workload": "offline-phases",
-            "config": {"model": args.model.name, "attn": kwargs["attn"], "page_size": args.page_size,
-                       "scale": args.scale, "warmup": args.warmup, "full_share": args.full_share,
-                       **workload.settings},
-            "metrics": metrics,
-            "hardware": hardware.describe(),
-            "versions": hardware.versions(),
-            "command": "python -m scripts.bench_offline_phases " + " ".join(sys.argv[1:] if argv is None else argv),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        })  # fmt: skip
+        result = script_result(
+            "scripts.bench_offline_phases", argv,
+            name=args.name or f"final_offline_phases_{device}",
+            stage="final",
+            workload="offline-phases",
+            config={"model": args.model.name, "attn": kwargs["attn"], "page_size": args.page_size,
+                    "scale": args.scale, "warmup": args.warmup, "full_share": args.full_share,
+                    **workload.settings},
+            metrics=metrics,
+        )  # fmt: skip
         print(f"-> {write_result(result, args.out_dir)}")
     return 0
 

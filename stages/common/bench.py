@@ -72,6 +72,22 @@ def stamp_run_id(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def script_result(module: str, argv: Sequence[str] | None, **fields: Any) -> dict[str, Any]:
+    """A result written by a `python -m <module>` script (benchmarks/README.md's schema): `fields`
+    (name, stage, workload, config, metrics, ...) and where, when and how it ran, with the device
+    call's run id. `argv`: the script's arguments (None: this process's own)."""
+    from . import hardware
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    return stamp_run_id({
+        **fields,
+        "hardware": hardware.describe(),
+        "versions": hardware.versions(),
+        "command": " ".join(["python", "-m", module, *args]),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })  # fmt: skip
+
+
 def write_result(result: dict[str, Any], out_dir: Path) -> Path:
     """The result as `<out_dir>/<name>.json` (benchmarks/README.md's schema); its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
