@@ -33,7 +33,9 @@ def as_result(rows: list[dict[str, float]], model: str, attn: str, tokens: int) 
     from stages.common import hardware
     from stages.common.bench import script_result
 
-    metrics = {f"{key}_b{row['batch']:g}": value for row in rows for key, value in row.items() if key != "batch"}
+    metrics = {
+        f"{key}_b{row['batch']:g}": value for row in rows for key, value in row.items() if key != "batch"
+    }
     return script_result(
         "scripts.bench_graph_launch", None,
         name=f"final_graph_launch_{hardware.device_tag('cuda')}",

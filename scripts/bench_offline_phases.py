@@ -90,7 +90,9 @@ def recording(core: Any) -> Iterator[list[StepRecord]]:
 
     def timed_launch(batch: Any) -> Any:
         decode_rows = sum(1 for req in batch.requests if req.is_decoding)
-        prompt_tokens = sum(q for req, q in zip(batch.requests, batch.query_lens, strict=True) if not req.is_decoding)
+        prompt_tokens = sum(
+            q for req, q in zip(batch.requests, batch.query_lens, strict=True) if not req.is_decoding
+        )
         start = time.perf_counter()
         handle = launch(batch)
         carried[id(handle)] = (prompt_tokens, decode_rows, time.perf_counter() - start)
@@ -112,7 +114,9 @@ def recording(core: Any) -> Iterator[list[StepRecord]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", type=Path, default=Path("checkpoints/qwen3-0.6b-random"))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--attn", default="fi")
@@ -137,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def requests(items: list[Any]) -> tuple[list[dict[str, list[int]]], list[Any]]:
         return [{"prompt_token_ids": item.prompt_ids} for item in items], [
-            final.SamplingParams(temperature=item.params.temperature, ignore_eos=True, max_tokens=item.params.max_tokens)
+            final.SamplingParams(
+                temperature=item.params.temperature, ignore_eos=True, max_tokens=item.params.max_tokens
+            )
             for item in items
         ]
 

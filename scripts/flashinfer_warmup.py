@@ -137,7 +137,9 @@ def run_stages(device: str = "cuda", attn: str = "fi") -> list[list[int]]:
 
     stage = importlib.import_module("stages.07_tensor_parallel")
     with tempfile.TemporaryDirectory(prefix="warmup-stages-") as tmp:
-        model = make_tiny_checkpoint(Path(tmp), "qwen3", head_dim=128, num_attention_heads=8, num_key_value_heads=4)
+        model = make_tiny_checkpoint(
+            Path(tmp), "qwen3", head_dim=128, num_attention_heads=8, num_key_value_heads=4
+        )
         dtype = "bfloat16" if device == "cuda" else "float32"
         llm = stage.LLM(str(model), device=device, dtype=dtype, attn=attn, tp=1, page_size=PAGE_SIZE,
                         num_pages=256, max_running_requests=4, cuda_graph_max_bs=4, max_prefill_length=32)  # fmt: skip

@@ -98,8 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", required=True, choices=sorted(ENGINES))
     parser.add_argument("--model", type=Path, default=ROOT / "checkpoints/qwen3-0.6b-random")
     parser.add_argument("--attn", default="fi")
-    parser.add_argument("--batch", type=int, nargs="*", default=[1, 256], help="decode tables (none: --batch)")
-    parser.add_argument("--prefill-prompts", type=int, default=0, help="add a prefill table of N fresh prompts")
+    parser.add_argument(
+        "--batch", type=int, nargs="*", default=[1, 256], help="decode tables (none: --batch)"
+    )
+    parser.add_argument(
+        "--prefill-prompts", type=int, default=0, help="add a prefill table of N fresh prompts"
+    )
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.6])
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--json", type=Path, required=True, help="where the tables go (a JSON list)")

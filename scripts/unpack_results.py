@@ -73,7 +73,9 @@ def unpack(tars: list[Path], root: Path, logs: Path | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("tars", type=Path, nargs="+", help="the calls' results.tar files, in call order")
     parser.add_argument("--logs", type=Path, default=None, help="copy each call's logs/ here")
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)

@@ -43,8 +43,12 @@ def test_a_cpu_run_accounts_for_every_token_of_the_workload(tiny_qwen3_dir, tmp_
     vocab = json.loads((tiny_qwen3_dir / "config.json").read_text())["vocab_size"]
     items = offline(vocab, 0, scale).items
     assert m["prefill_prompt_tokens"] == sum(len(i.prompt_ids) for i in items)
-    assert sum(m[f"{p}_output_tokens"] for p in ("prefill", "decode", "tail")) == sum(i.params.max_tokens for i in items)
+    assert sum(m[f"{p}_output_tokens"] for p in ("prefill", "decode", "tail")) == sum(
+        i.params.max_tokens for i in items
+    )
     assert m["prefill_steps"] >= 1 and m["decode_steps"] >= 1
     assert m["prefill_s"] + m["decode_s"] + m["tail_s"] == pytest.approx(m["total_s"])
-    assert 0 < m["prefill_launch_ms_mean"] <= m["prefill_step_ms_mean"] * 1.5  # measured, and of the step's size
+    assert (
+        0 < m["prefill_launch_ms_mean"] <= m["prefill_step_ms_mean"] * 1.5
+    )  # measured, and of the step's size
     assert result["workload"] == "offline-phases" and result["config"]["num_requests"] == len(items)
