@@ -65,7 +65,13 @@
 #                 requests: 256 at 8/s alone take 32 s), 7 minutes with `ckpt`: under the 10-minute
 #                 limit; each server's results are packed into $OUT/partial-online.tar as soon as they exist
 #   fiws-save     end a call with it: FlashInfer's JIT cache into $OUT/fiws.tar.N (15 MB parts); copy
-#                 them to .fiws-cache/ (cat .fiws-cache/fiws.tar.* | tar -C /tmp -xf - restores it)
+#                 them to .fiws-cache/full/ here (fiws-stash and fiws-restore bring them back)
+#   fiws-stash    a carried part of the cache (.fiws-cache/full/fiws.tar.N) kept in /tmp/fiws-parts/: a
+#                 cache of more than about 60 MB comes over two calls beside a kit part
+#   fiws-restore  the carried cache (the stashed parts, else .fiws-cache/slim.tar) unpacked with its
+#                 files dated now: FlashInfer runs ninja before every load, and the kit's sources,
+#                 installed minutes ago, are newer than a cache dated when it was saved, so ninja
+#                 compiled every kernel again (sessions 6 and 7 spent 160-190 s of each machine on it)
 #   bench-stage01 stage 01's batch-1 decode and HF transformers' generate on it (3 repeats each)
 #   bench-stage02 stage 02 (fi): batch-1 decode, the offline workload, and at scale 0.25 fi against torch
 #   bench-stage03 stage 03 (fi, page 16): shared-prefix and no-sharing workloads, radix against naive
@@ -165,6 +171,15 @@ run_step() {
       # comes back over two calls, FIWS_FROM=4 keeping parts 4 and up (2026-11-27: 5 parts, 67 MB).
       tar -C "$(dirname $FLASHINFER_WORKSPACE_BASE)" -cf - "$(basename $FLASHINFER_WORKSPACE_BASE)" | split -b 15m -d -a 1 - "$out/fiws.tar."
       for part in "$out"/fiws.tar.*; do [ "${part##*.}" -lt "${FIWS_FROM:-0}" ] && rm "$part"; done; ls -l "$out"/fiws.tar.* ;;
+    fiws-stash) mkdir -p /tmp/fiws-parts && cp .fiws-cache/full/fiws.tar.* /tmp/fiws-parts/ 2>/dev/null; ls /tmp/fiws-parts ;;
+    fiws-restore)
+      local into parts
+      into=$(dirname $FLASHINFER_WORKSPACE_BASE)
+      parts=$(ls /tmp/fiws-parts/fiws.tar.* 2>/dev/null | sort -t. -k3 -n)
+      if [ -n "$parts" ]; then cat $parts | tar -C "$into" -m -xf -
+      elif [ -f .fiws-cache/slim.tar ]; then tar -C "$into" -m -xf .fiws-cache/slim.tar
+      else echo "no FlashInfer cache carried: every kernel compiles on first use"; fi
+      du -sh "$FLASHINFER_WORKSPACE_BASE" 2>/dev/null ;;
     fi-warmup) $py -m scripts.flashinfer_warmup ${FI_WARMUP_FP8:+--fp8} ;;
     ckpt) [ -f $ckpt/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-0.6b --out $ckpt ;;
     ckpt-8b) [ -f $ckpt8/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-8b --out $ckpt8 ;;

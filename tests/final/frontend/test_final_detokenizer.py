@@ -83,6 +83,21 @@ def test_decode_goes_through_hf_where_hf_does_more(tiny_tokenizer_dir):
     assert _direct_decode(hf) is None
 
 
+def test_candidate_text_keeps_special_tokens_and_decodes_each_token_once(tiny_tokenizer_dir):
+    """Logprob candidates' text: HF's decode of the token alone, special tokens shown; a request
+    asking for many candidates names the same tokens every step, so each is decoded once."""
+    tok = Tokenizer(tiny_tokenizer_dir)
+    ids = [0, 1, 2, *range(3, min(200, tok.hf.vocab_size))]
+    want = [tok.hf.decode([i]) for i in ids]
+    calls = []
+    decode = tok.hf.decode
+    tok.hf.decode = lambda seq, *a, **k: calls.append(list(seq)) or decode(seq, *a, **k)
+    for _ in range(3):  # three steps naming the same candidates
+        assert [tok.token_text(i) for i in ids] == want
+    assert len(calls) == len(ids), "each token's text is decoded once"
+    assert want[0] != "" and tok.decode([0]) == "", "the special token shows as a candidate only"
+
+
 # ---------------------------------------------------------------------------------------------
 # Text decoded once at the end (the offline API) is the streamed text
 
