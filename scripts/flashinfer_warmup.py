@@ -20,10 +20,12 @@ on: it is a warm-up, the run after it compiles what is missing.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 # (head size, query heads per KV head): the decode module is chosen by head size and by whether
 # the backend takes tensor cores (groups of 4 or more, and non-powers of two: flashinfer_backend
@@ -172,9 +174,19 @@ def run_one(name: str) -> None:
         raise SystemExit(f"unknown job {name!r}")
 
 
-def run_all(selected: list[Job]) -> int:
-    """Every job in its own process, all at once; a line per job as it ends; 0 if all succeeded."""
-    start = time.perf_counter()
+def built_since(workspace: Path, since: float) -> list[str]:
+    """The kernel modules (shared libraries) under `workspace` written at or after `since` (a
+    time.time()): what this warm-up compiled rather than found. A carried cache that ninja
+    accepted leaves this empty; session 8's (2026-11-27) did not say, and the warm-up took 146 s."""
+    if not workspace.is_dir():
+        return []
+    return sorted(so.stem for so in workspace.rglob("*.so") if so.stat().st_mtime >= since)
+
+
+def run_all(selected: list[Job], workspace: Path | None = None) -> int:
+    """Every job in its own process, all at once; a line per job as it ends, then which kernel
+    modules under `workspace` were built; 0 if all succeeded."""
+    start, started_at = time.perf_counter(), time.time()
     running = {job: subprocess.Popen(job.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for job in selected}  # fmt: skip
     failed = 0
@@ -190,6 +202,10 @@ def run_all(selected: list[Job]) -> int:
                 flush=True,
             )
     print(f"[warmup] {len(selected) - failed} of {len(selected)} jobs in {time.perf_counter() - start:.0f} s")
+    if workspace is not None:
+        built = built_since(workspace, started_at)
+        print(f"[warmup] {len(built)} kernel modules compiled here, the rest found in {workspace}"
+              + (f": {', '.join(built)}" if built else ""), flush=True)  # fmt: skip
     return 1 if failed else 0
 
 
@@ -215,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             "flashinfer_warmup: needs a CUDA GPU (FlashInfer compiles for the GPU it finds)", file=sys.stderr
         )
         return 2
-    return run_all(selected)
+    workspace = os.environ.get("FLASHINFER_WORKSPACE_BASE")
+    return run_all(selected, Path(workspace) if workspace else None)
 
 
 if __name__ == "__main__":

@@ -127,11 +127,17 @@ except ranks.RankFailure as err:
 """
 
 
+def python_path() -> str:
+    """The tree first, then whatever the host had: a lent GPU host's packages (FlashInfer among
+    them) live on PYTHONPATH, and the driver without them could not start its engine."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 @pytest.mark.parametrize("size", tp_degrees())
 def test_killed_rank_ends_the_engine_during_graph_replay(gpu_tiny_dir, size):
     proc = subprocess.Popen(
         [sys.executable, "-c", DRIVER, str(gpu_tiny_dir), str(size)], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": python_path()},
     )  # fmt: skip
     try:
         assert proc.stdout.readline().strip() == "decoding", proc.stderr.read()  # type: ignore[union-attr]

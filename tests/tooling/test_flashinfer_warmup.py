@@ -4,6 +4,7 @@ FlashInfer kernels: `bash scripts/gpu_run.sh fi-warmup` on a GPU host.)"""
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -63,6 +64,20 @@ def test_a_failed_job_is_reported_with_its_output_and_the_others_still_finish(ca
     assert "bad: FAILED (exit 3)" in out and "nvcc said no" in out
     assert "2 of 3 jobs" in out
     assert warmup.run_all(selected[:1]) == 0
+
+
+def test_it_names_the_modules_it_compiled_and_not_those_it_found(tmp_path, capsys):
+    found = tmp_path / "cache" / "found.so"
+    found.parent.mkdir()
+    found.write_bytes(b"")
+    os.utime(found, (1e9, 1e9))  # carried in from an earlier machine
+    write = f"import pathlib; pathlib.Path({str(tmp_path / 'cache' / 'new_kernel.so')!r}).write_bytes(b'')"
+    assert warmup.run_all([ScriptJob("compiles", write)], tmp_path) == 0
+    assert "1 kernel modules compiled here" in capsys.readouterr().out.replace("\n", " ")
+    assert warmup.built_since(tmp_path, 2e9 - 1) == [] and warmup.built_since(tmp_path, 0) == [
+        "found",
+        "new_kernel",
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without a GPU")
