@@ -14,7 +14,7 @@ between through that direct `send`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 from starlette.responses import StreamingResponse
@@ -44,9 +44,12 @@ class EventStream(StreamingResponse):
     StreamingResponse around it watches for the client's disconnect (one task per response) and
     cancels the stream then."""
 
-    def __init__(self, ticket: Ticket, content: AsyncIterator[str]):
+    def __init__(
+        self, ticket: Ticket, content: AsyncIterator[str], on_close: Callable[[], None] | None = None
+    ):
         super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
         self.ticket = ticket
+        self.on_close = on_close  # what the frames' generator cannot do if it never started
         self.direct: Send | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -55,6 +58,8 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.ticket.release()
+            if self.on_close is not None:
+                self.on_close()
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})

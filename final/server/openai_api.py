@@ -26,7 +26,7 @@ from .admission import Ticket
 from .errors import bad_request, engine_dead, model_not_found
 from .event_stream import EventStream
 from .formatting import TextFrame, TextOffsets, chat_logprobs, completion_logprobs, usage
-from .generation import Job, check_request, generate_many, sampling_for_choice
+from .generation import Job, abandon, check_request, generate_many, sampling_for_choice, submit
 from .prompts import chat_prompt, completion_prompts
 from .protocol import ChatCompletionRequest, CommonFields, CompletionRequest, structured_outputs
 from .request_body import read_request
@@ -85,7 +85,7 @@ class Choice:
 async def _collect(state: ServerState, jobs: list[Job], http: Request) -> tuple[list[Choice], int]:
     choices = [Choice() for _ in jobs]
     cached = 0
-    async with aclosing(generate_many(state, jobs, http.is_disconnected)) as deltas:
+    async with aclosing(generate_many(state, submit(state, jobs), http.is_disconnected)) as deltas:
         async for index, out, request in deltas:
             if out.finish_reason == "error":
                 raise engine_error(request)
@@ -196,10 +196,8 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
         return {**base, "choices": [], "usage": usage(len(prompt_ids), completion_tokens, cached)}
 
     firsts = [frame(i, {"role": "assistant", "content": ""}) for i in range(req.n)]
-    stream = stream_sse(
-        state, jobs, http, chunk, firsts, final_usage if req.include_usage else None, req.include_timing
-    )
-    return EventStream(ticket, stream)
+    return _event_stream(state, jobs, http, ticket, chunk, firsts, final_usage if req.include_usage else None,
+                         req.include_timing)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ completions
@@ -270,7 +268,23 @@ async def _completion(state: ServerState, req: CompletionRequest, http: Request,
     def final_usage(completion_tokens: int, cached: int) -> dict | None:
         return {**base, "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached)}
 
-    stream = stream_sse(
-        state, jobs, http, chunk, [], final_usage if req.include_usage else None, req.include_timing
-    )
-    return EventStream(ticket, stream)
+    return _event_stream(state, jobs, http, ticket, chunk, [], final_usage if req.include_usage else None,
+                         req.include_timing)  # fmt: skip
+
+
+def _event_stream(
+    state: ServerState,
+    jobs: list[Job],
+    http: Request,
+    ticket: Ticket,
+    chunk: Any,
+    first_chunks: list[dict],
+    final_usage: Any,
+    timing: bool,
+) -> EventStream:
+    """The jobs handed to the engine now, then their stream: the engine starts on the prompt while
+    the response's headers go out (generation.Started says why), and a response that never
+    starts aborts them."""
+    started = submit(state, jobs)
+    stream = stream_sse(state, started, http, chunk, first_chunks, final_usage, timing)
+    return EventStream(ticket, stream, on_close=lambda: abandon(state, started))

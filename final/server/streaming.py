@@ -14,7 +14,7 @@ from fastapi import Request
 from ..engine.messages import ENGINE_DEAD
 from .errors import APIError, bad_request, engine_dead, engine_failed, internal_error
 from .formatting import SSE_DONE, sse, with_field
-from .generation import ClientGone, Job, Served, generate_many
+from .generation import ClientGone, Served, Started, generate_many
 from .state import ServerState
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def engine_error(request: Served) -> APIError:
 
 async def stream_sse(
     state: ServerState,
-    jobs: list[Job],
+    started: list[Started],
     http: Request,
     chunk: Any,
     first_chunks: list[dict],
@@ -55,7 +55,7 @@ async def stream_sse(
         for first in first_chunks:
             yield sse(first)
         failed = False
-        async with aclosing(generate_many(state, jobs, http.is_disconnected)) as deltas:
+        async with aclosing(generate_many(state, started, http.is_disconnected)) as deltas:
             async for index, out, request in deltas:
                 if out.finish_reason == "error":
                     yield sse(engine_error(request).body())
