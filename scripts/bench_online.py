@@ -117,6 +117,7 @@ async def send(
                         record.written_times.append(chunk["timing"]["sent"])
                         record.detokenized_times.append(chunk["timing"].get("detokenized", 0.0))
                         record.submitted = record.submitted or chunk["timing"].get("submitted", 0.0)
+                        record.decode_steps.append(chunk["timing"].get("decode_step"))
     except httpx.HTTPError as err:
         record.error = f"{type(err).__name__}: {err}"
     if not record.completion_tokens:

@@ -18,6 +18,14 @@ machine): a token's latency then splits into the engine's part and the frontend'
     engine_burst_share      share of the gaps on the engine's clock under half the step: tokens the
                      engine itself handed over close together (a step whose tokens reached the
                      host late, then the next on time), before any frontend (with timing only)
+    decode_step_ms_p50  the engine's decode step proper: the median engine gap ending at a step that
+                     computed no prompt tokens (a server whose timing says `decode_step`). Under
+                     the mixed policy most steps at 32-64 req/s carry a prefill chunk, so the
+                     median gap (step_ms_p50) is a mixed step's, and a decode step after one is
+                     "under half a step" without any burst
+    burst_share_half_decode_step, engine_burst_share_decode_step, smooth_streams_share_decode_step
+                     the three shares above against half of decode_step_ms_p50: issue 27's
+                     criterion ("half the engine's decode step at that load")
     frontend_burst_share    share of gaps at the client under half the same two tokens' gap at
                      the engine: the bursts the frontend made (with timing only)
     server_burst_share      the same, with the times the server wrote the chunks: bursts the server
@@ -52,6 +60,7 @@ class Record:
     written_times: list[float] = field(default_factory=list)  # per chunk: when the server wrote it
     detokenized_times: list[float] = field(default_factory=list)  # per chunk: when it left the detokenizer
     submitted: float = 0.0  # when the server sent the request to the engine (its first chunk says)
+    decode_steps: list[bool | None] = field(default_factory=list)  # per chunk: a decode-only step's?
     completion_tokens: int = 0
     error: str | None = None
 
@@ -127,6 +136,7 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
         ]
         if written:
             out["server_burst_share"] = sum(w < e / 2 for w, e in written) / len(written)
+        out |= against_decode_step(done, timed)
         first = [(r.written_times[0] - r.sent) * 1e3 for r in timed if r.written_times]
         out |= spread("ttft_server_ms", first)
         frontend = [(c - e) * 1e3 for r in timed for c, e in zip(r.chunk_times, r.engine_times, strict=True)]
@@ -158,6 +168,28 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
             out |= spread("engine_ttft_ms", [(r.engine_times[0] - r.submitted) * 1e3 for r in doors])
             out |= spread("first_frontend_ms", [(r.chunk_times[0] - r.engine_times[0]) * 1e3 for r in doors])
     return out
+
+
+def against_decode_step(done: list[Record], timed: list[Record]) -> dict[str, float]:
+    """The burst shares against half the engine's decode-only step (empty without `decode_step`
+    in the timing)."""
+    kinds = [r for r in timed if len(r.decode_steps) == len(r.engine_times)]
+    decode_gaps = [
+        g for r in kinds for g, kind in zip(_gaps(r.engine_times), r.decode_steps[1:], strict=True) if kind
+    ]
+    if not decode_gaps:
+        return {}
+    step = percentile(decode_gaps, 50)
+    half = step / 2
+    gaps = [g for r in done for g in r.gaps_ms()]
+    engine_gaps = [g for r in timed for g in _gaps(r.engine_times)]
+    per_stream = [sum(g < half for g in r.gaps_ms()) / len(r.gaps_ms()) for r in done if r.gaps_ms()]
+    return {
+        "decode_step_ms_p50": step,
+        "burst_share_half_decode_step": sum(g < half for g in gaps) / len(gaps),
+        "engine_burst_share_decode_step": sum(g < half for g in engine_gaps) / len(engine_gaps),
+        "smooth_streams_share_decode_step": sum(s <= SMOOTH_MAX_BURSTS for s in per_stream) / len(per_stream),
+    }
 
 
 def summarize(records: list[Record], duration: float) -> dict[str, float]:

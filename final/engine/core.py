@@ -79,6 +79,7 @@ class EngineCore:
         self.in_flight: deque[StepHandle] = deque()  # launched, not yet collected (at most one)
         self.failed_alone: list[RequestDelta] = []  # requests dropped alone since the last step returned
         self.tokens_ready_at = 0.0  # monotonic time the last collected step's tokens reached the host
+        self.collected_decode_only = False  # that step computed no prompt tokens (a decode step)
 
     @property
     def device(self) -> torch.device:
@@ -200,7 +201,8 @@ class EngineCore:
         if out.tokens.is_cuda:
             done = torch.cuda.Event()
             done.record()
-        return StepHandle(batch, sampled, tokens, done, logprobs, pending)
+        decode_only = all(q == 1 for q in batch.query_lens)
+        return StepHandle(batch, sampled, tokens, done, logprobs, pending, decode_only)
 
     def _admit_rows(self, batch: ScheduledBatch) -> ScheduledBatch:
         """Have the sampler store the parameters of requests new to their row. A request whose
@@ -235,6 +237,7 @@ class EngineCore:
         sampled request still alive."""
         per_request = handle.wait()
         self.tokens_ready_at = time.monotonic()
+        self.collected_decode_only = handle.decode_only
         # That step is complete: pages of requests that finished while it ran can go back.
         self.scheduler.release_retired()
         entries = handle.logprobs.entries() if handle.logprobs is not None else [None] * len(per_request)

@@ -20,6 +20,7 @@ class StepHandle:
     done: torch.cuda.Event | None  # recorded after the copy; None on the CPU (already done)
     logprobs: TopLogprobs | None
     pending: int = 1  # tokens each sampled request has in flight (k)
+    decode_only: bool = False  # the step computed no prompt tokens: a decode step
 
     def wait(self) -> list[list[int]]:
         """Each sampled request's new tokens."""

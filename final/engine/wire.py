@@ -5,8 +5,9 @@ quarter of a millisecond of the engine process's host time to pickle and more to
 other side. Here a step is one multipart ZMQ message of flat arrays, one entry per request:
 
     kind     b"S" (a step) or b"O" (any other message, pickled: EngineStats, a Shutdown's reply)
-    header   pickled (tokens_at, detokenized_at, extras): two clock readings and the rare per-row
-             extras (logprobs, errors), keyed by row
+    header   pickled (tokens_at, detokenized_at, extras, decode_only): two clock readings, the
+             rare per-row extras (logprobs, errors), keyed by row, and whether the step ran
+             decodes only (no prompt tokens: a short step, whose gap after a long one is no burst)
     rids     int64 [n]      counts  int32 [n]  new tokens of each row
     tokens   int32 [sum]    finish  uint8 [n]  index into FINISH_REASONS
     cached   int32 [n]      cached prompt tokens of each row
@@ -56,6 +57,7 @@ class StepColumns:
     detokenized_at: float = 0.0
     extras: dict[int, Extra] = field(default_factory=dict)
     texts: list[str] | None = None  # once detokenized: each row's new text
+    decode_only: bool = False  # the step computed no prompt tokens
 
     def __len__(self) -> int:
         return len(self.rids)
@@ -80,7 +82,7 @@ class StepColumns:
         return out
 
 
-def columns_of(deltas: list[RequestDelta], tokens_at: float = 0.0) -> StepColumns:
+def columns_of(deltas: list[RequestDelta], tokens_at: float = 0.0, decode_only: bool = False) -> StepColumns:
     extras = {
         row: Extra(d.logprobs, d.error, d.error_code)
         for row, d in enumerate(deltas)
@@ -94,12 +96,13 @@ def columns_of(deltas: list[RequestDelta], tokens_at: float = 0.0) -> StepColumn
         cached=[d.cached_tokens for d in deltas],
         tokens_at=tokens_at,
         extras=extras,
+        decode_only=decode_only,
     )
 
 
 def encode(step: StepColumns) -> list[Any]:
     header = pickle.dumps(
-        (step.tokens_at, step.detokenized_at, step.extras), protocol=pickle.HIGHEST_PROTOCOL
+        (step.tokens_at, step.detokenized_at, step.extras, step.decode_only), protocol=pickle.HIGHEST_PROTOCOL
     )
     frames: list[Any] = [
         STEP,
@@ -127,7 +130,7 @@ def decode(frames: list[Any]) -> StepColumns | object:
         return pickle.loads(frames[1])
     if kind != STEP:
         raise ValueError(f"unknown message kind {kind!r}")
-    tokens_at, detokenized_at, extras = pickle.loads(frames[1])
+    tokens_at, detokenized_at, extras, decode_only = pickle.loads(frames[1])
     rids, counts, tokens, finish, cached = (
         np.frombuffer(f, dtype).tolist()
         for f, dtype in zip(frames[2:7], (np.int64, np.int32, np.int32, np.uint8, np.int32), strict=True)
@@ -136,4 +139,6 @@ def decode(frames: list[Any]) -> StepColumns | object:
     if len(frames) > 7:
         blob, ends = bytes(frames[7]), np.frombuffer(frames[8], np.int32).tolist()
         texts = [blob[a:b].decode() for a, b in zip([0, *ends], ends, strict=False)]
-    return StepColumns(rids, counts, tokens, finish, cached, tokens_at, detokenized_at, extras, texts)
+    return StepColumns(
+        rids, counts, tokens, finish, cached, tokens_at, detokenized_at, extras, texts, decode_only
+    )

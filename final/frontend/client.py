@@ -150,7 +150,7 @@ class AsyncEngineClient:
             if mailbox is not None:  # else: released already (a client that went away)
                 update = TokenUpdate(
                     step.tokens[start : start + count], texts[row], FINISH_REASONS[step.finish[row]],
-                    step.cached[row], None, None, None, step.tokens_at, step.detokenized_at,
+                    step.cached[row], None, None, None, step.tokens_at, step.detokenized_at, step.decode_only,
                 )  # fmt: skip
                 extra = extras.get(row)
                 if extra is not None:

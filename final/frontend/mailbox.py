@@ -29,6 +29,7 @@ class TokenUpdate:
     error_code: str | None = None  # see engine/messages.py's RequestDelta.error_code
     tokens_at: float = 0.0  # time.monotonic() when the engine had the tokens on its host
     detokenized_at: float = 0.0  # when the detokenizer process sent them on
+    decode_step: bool = False  # the engine's step computed no prompt tokens (wire.StepColumns)
 
 
 class Mailbox:

@@ -51,7 +51,7 @@ class StepDetokenizer:
             i: (self.tokenizer.decode(windows[i][0]), after) for i, after in zip(single, afters, strict=True)
         }
 
-        out = StepColumns([], [], [], [], [], step.tokens_at, 0.0, {}, [])
+        out = StepColumns([], [], [], [], [], step.tokens_at, 0.0, {}, [], step.decode_only)
         aborts: list[int] = []
         for i in rows:
             rid = step.rids[i]

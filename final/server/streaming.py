@@ -69,6 +69,7 @@ async def stream_sse(
                         "engine": out.tokens_at,
                         "detokenized": out.detokenized_at,
                         "sent": time.monotonic(),
+                        "decode_step": out.decode_step,
                     }
                     if request.num_tokens == len(out.token_ids):  # the request's first tokens
                         stamps["submitted"] = request.submitted

@@ -96,3 +96,21 @@ def test_the_engines_own_short_gaps_are_counted_apart():
     assert m["engine_burst_share"] == pytest.approx(1 / 3)
     assert m["burst_share_half_step"] == 0.0
     assert m["frontend_burst_share"] == 0.0
+
+
+def test_bursts_against_the_decode_step_leave_a_short_step_after_a_mixed_one_alone():
+    """Steps with a prefill chunk take 10 ms, decode steps 4 ms: engine gaps 10, 4, 10, 4, the
+    decode steps' gaps ending at the 2nd and 4th. The median gap (7 ms) would call a 3 ms client gap
+    a burst; half the decode step (2 ms) does not. A 0.5 ms gap is a burst either way."""
+    r = record([0, 10, 14, 24, 28], [1, 11, 14, 24.5, 25])
+    r.decode_steps = [False, False, True, False, True]
+    m = summarize([r], duration=1.0)
+    # Client gaps: 10, 3, 10.5, 0.5. Engine gaps: 10, 4, 10, 4.
+    assert m["step_ms_p50"] == pytest.approx(7.0)
+    assert m["burst_share_half_step"] == pytest.approx(2 / 4)  # 3 and 0.5 under 3.5
+    assert m["decode_step_ms_p50"] == pytest.approx(4.0)
+    assert m["burst_share_half_decode_step"] == pytest.approx(1 / 4)  # only 0.5 under 2
+    assert m["engine_burst_share_decode_step"] == 0.0
+    assert m["smooth_streams_share_decode_step"] == 0.0  # a quarter of its gaps, more than 5%
+    r.decode_steps = [None] * 5  # a server whose timing does not say
+    assert "decode_step_ms_p50" not in summarize([r], duration=1.0)

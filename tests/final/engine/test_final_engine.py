@@ -189,3 +189,23 @@ def test_cuda_graph_flag_on_the_cpu_logs_one_line(tiny_qwen3_dir, caplog):
         final.LLM(str(tiny_qwen3_dir), device="cpu", cuda_graph_max_bs=8)
     lines = [r.getMessage() for r in caplog.records if "cuda-graph" in r.getMessage()]
     assert lines == ["--cuda-graph-max-bs 8 ignored on the CPU: CUDA graphs need a GPU"]
+
+
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_the_engine_says_whether_the_step_it_collected_computed_prompt_tokens(tiny_qwen3_dir, overlap):
+    """The online benchmark's decode-step reference (scripts/stream_metrics.py): a step with a
+    prompt in it is no decode step, the ones after it are, and a new prompt makes one again (under
+    overlap the step collected next was launched before the prompt came: one step later)."""
+    core = make_llm(tiny_qwen3_dir, overlap=overlap).core
+    kinds, added = [], False
+    core.add_request(1001, list(range(5, 25)), greedy(6))
+    while core.has_work():
+        if core.step():
+            kinds.append(core.collected_decode_only)
+        if len(kinds) == 3 and not added:
+            core.add_request(1002, list(range(40, 70)), greedy(2))
+            added = True
+    assert kinds[:3] == [False, True, True]
+    later = kinds[3:]
+    assert later.count(False) == 1, later
+    assert later.index(False) == (1 if overlap == "on" else 0)

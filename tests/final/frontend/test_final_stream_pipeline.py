@@ -40,6 +40,8 @@ def test_a_step_survives_the_wire():
     text = StepColumns([1, 2], [1, 1], [4, 5], [0, FINISH_CODE["stop"]], [0, 0], 1.0, 2.0, {}, ["é🙂", ""])
     back = decode([bytes(memoryview(f)) for f in encode(text)])
     assert back == text
+    for kind in (True, False):  # whether the step computed prompt tokens, for the burst metrics
+        assert decode(encode(columns_of(deltas, 1.0, decode_only=kind))).decode_only is kind
 
 
 def test_other_messages_are_objects():

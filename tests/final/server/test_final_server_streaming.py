@@ -128,5 +128,7 @@ def test_timing_splits_a_tokens_latency(server):
         # the engine had its token, after the client sent it; no later frame repeats it.
         assert [("submitted" in t) for t in timings] == [True] + [False] * 19
         assert before <= timings[0]["submitted"] <= timings[0]["engine"]
+        # Whether the step was a decode step reaches the frame (the stand-in's ticks all are).
+        assert all(t["decode_step"] is True for t in timings)
     engine = sorted(server_gaps_ms(records, "engine") or [])
     assert abs(engine[len(engine) // 2] - TICK_S * 1e3) < 1.0
