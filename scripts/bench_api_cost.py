@@ -172,10 +172,8 @@ def server_stack() -> dict[str, str]:
 
 
 def result_json(args: argparse.Namespace, metrics: dict[str, float], runs: dict[str, list[float]]) -> dict:
-    from stages.common import hardware
-    from stages.common.bench import stamp_run_id
+    from stages.common.bench import script_result
 
-    info = hardware.describe()
     stack = server_stack()
     config = {
         "streams": args.streams, "tokens": args.tokens, "tick_ms": args.tick_ms, "arrivals": args.arrivals,
@@ -184,21 +182,22 @@ def result_json(args: argparse.Namespace, metrics: dict[str, float], runs: dict[
         "server_args": args.server_args,
     }  # fmt: skip
     keys = [k for k in metrics if k.endswith("_us")] + [k for k in metrics if not k.endswith("_us")]
-    result = {
-        "name": args.name or f"final_api_cost_{hardware.device_tag()}",
-        "stage": "final",
-        "workload": "api-cost",
-        "metrics": {k: metrics[k] for k in keys},
-        "config": config,
-        "hardware": info,
-        "versions": hardware.versions() | {k: v for k, v in stack.items() if k not in ("http", "loop")},
-        "command": "python -m scripts.bench_api_cost " + " ".join(sys.argv[1:]),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "runs": [{k: runs[k][i] for k in keys} for i in range(args.repeats)],
-    }
-    if args.label:
-        result["label"] = args.label
-    return stamp_run_id(result)
+    from stages.common import hardware
+
+    result = script_result(
+        "scripts.bench_api_cost",
+        None,
+        name=args.name or f"final_api_cost_{hardware.device_tag()}",
+        stage="final",
+        workload="api-cost",
+        metrics={k: metrics[k] for k in keys},
+        config=config,
+        runs=[{k: runs[k][i] for k in keys} for i in range(args.repeats)],
+        **({"label": args.label} if args.label else {}),
+    )
+    # The HTTP stack's versions (uvicorn, httptools, uvloop) beside the usual ones.
+    result["versions"] |= {k: v for k, v in stack.items() if k not in ("http", "loop")}
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,6 @@ import re
 import sys
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,7 @@ except ImportError:  # the GPU host's offline kit ships httpx2 (what openai itse
 
 from scripts.stream_metrics import Record, step_source, summarize
 from stages.common import hardware, workloads
-from stages.common.bench import stamp_run_id
+from stages.common.bench import script_result, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -319,12 +318,14 @@ def main(argv: list[str] | None = None) -> int:
         records, duration = run_sharded(args.url, model, load, args.api, prompts, args.timing, procs)
         metrics = summarize(records, duration)
         failures = [r.error for r in records if r.error]
-        result: dict[str, Any] = {
-            "name": f"{name}_rate{rate_label(rate)}",
-            "stage": args.stage,
-            "workload": "online",
-            "metrics": metrics,
-            "config": {
+        result = script_result(
+            "scripts.bench_online",
+            argv,
+            name=f"{name}_rate{rate_label(rate)}",
+            stage=args.stage,
+            workload="online",
+            metrics=metrics,
+            config={
                 "rate": rate_label(rate),
                 "scale": args.scale,
                 "num_requests": len(load.items),
@@ -337,15 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                 **({"server_args": args.server_args} if args.server_args else {}),
                 **{k: v for k, v in load.settings.items() if k != "rate"},
             },  # fmt: skip
-            "hardware": info,
-            "versions": hardware.versions(),
-            "command": "python -m "
-            + " ".join(["scripts.bench_online", *(argv if argv is not None else sys.argv[1:])]),
-            "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }
-        stamp_run_id(result)
-        path = args.out_dir / f"{result['name']}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        )
+        path = write_result(result, args.out_dir)
         print(
             f"rate {rate_label(rate):>5}: {metrics['completed']:.0f}/{len(records)} ok, "
             f"{metrics.get('output_tok_per_s', 0):.1f} tok/s, TTFT p50 {metrics.get('ttft_ms_p50', float('nan')):.1f} ms, "

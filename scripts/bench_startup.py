@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from scripts.stage_contract import list_stages
@@ -81,19 +79,17 @@ def engines() -> list[tuple[str, str, str]]:
 
 
 def record(name: str, stage: str, metrics: dict[str, float], repeats: int) -> dict:
-    from stages.common import hardware
+    from stages.common.bench import script_result
 
-    return {
-        "name": name,
-        "stage": stage,
-        "workload": "startup",
-        "metrics": {k: round(v, 4) for k, v in metrics.items()},
-        "config": {"device": "cpu", "repeats": repeats, "model": "SmolLM2-135M-Instruct"},
-        "hardware": hardware.describe(),
-        "versions": hardware.versions(),
-        "command": shlex.join(["python", "-m", "scripts.bench_startup", *sys.argv[1:]]),
-        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
+    return script_result(
+        "scripts.bench_startup",
+        None,
+        name=name,
+        stage=stage,
+        workload="startup",
+        metrics={k: round(v, 4) for k, v in metrics.items()},
+        config={"device": "cpu", "repeats": repeats, "model": "SmolLM2-135M-Instruct"},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,14 +24,12 @@ import argparse
 import importlib
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +136,7 @@ def child(args: argparse.Namespace) -> int:
 
 
 def run_degree(args: argparse.Namespace, model: Path, tp: int) -> dict[str, Any]:
-    from stages.common import hardware
-    from stages.common.bench import stamp_run_id
+    from stages.common.bench import script_result
 
     runs = []
     for repeat in range(args.repeats):
@@ -155,13 +152,15 @@ def run_degree(args: argparse.Namespace, model: Path, tp: int) -> dict[str, Any]
             subprocess.run(cmd, check=True, cwd=ROOT, env=env)
             runs.append(json.loads(out.read_text()))
     metrics = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
-    result: dict[str, Any] = {
-        "name": f"stage07_collectives_tp{tp}_cpu",
-        "stage": "07_tensor_parallel",
-        "workload": "tp-collectives",
-        "label": f"TP={tp}",
-        "metrics": metrics,
-        "config": {
+    result: dict[str, Any] = script_result(
+        "scripts.bench_tp_collectives",
+        None,
+        name=f"stage07_collectives_tp{tp}_cpu",
+        stage="07_tensor_parallel",
+        workload="tp-collectives",
+        label=f"TP={tp}",
+        metrics=metrics,
+        config={
             "tp": tp,
             "batch": args.batch,
             "prompt_len": args.prompt_len,
@@ -174,14 +173,10 @@ def run_degree(args: argparse.Namespace, model: Path, tp: int) -> dict[str, Any]
             "model": "qwen3-0.6b-layout (28 layers, 16/8 heads), hidden 256",
             "repeats": args.repeats,
         },  # fmt: skip
-        "hardware": hardware.describe(),
-        "versions": hardware.versions(),
-        "command": shlex.join(["python", "-m", "scripts.bench_tp_collectives", *sys.argv[1:]]),
-        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
+    )
     if len(runs) > 1:
         result["runs"] = runs
-    return stamp_run_id(result)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
