@@ -236,8 +236,9 @@ def bench_fused(report: Report, s: Setup) -> None:
 
 
 def bench_sampling(report: Report, s: Setup) -> None:
-    """The sampler as the engine calls it, bf16 logits (FlashInfer) against the previous path: the
-    model's float32 copy of the logits and the torch draw. Greedy must be the argmax exactly; the
+    """The sampler as the engine calls it, bf16 logits (the Gumbel-max kernel for the temperature
+    alone, FlashInfer with a filter) against the previous path: the model's float32 copy of the
+    logits and the torch draw; and FlashInfer's softmax-then-draw chain against the Gumbel-max kernel. Greedy must be the argmax exactly; the
     frequencies are tested in tests/final/kernels/test_final_gpu_kernels.py."""
     for batch in s.batches:
         for temperature in (0.0, 0.6):
@@ -261,6 +262,14 @@ def bench_sampling(report: Report, s: Setup) -> None:
                 for row, p in enumerate(params):
                     sampler.admit(row, p)
             ours = timed(lambda: sampler.sample(logits, rows, params, gens), graph=False)  # noqa: B023
+            if temperature:  # the same draw through FlashInfer's chain, which the Gumbel-max kernel replaced
+                gumbel = sampling_kernels.gumbel_available
+                sampling_kernels.gumbel_available = lambda logits: False
+                try:
+                    chain = timed(lambda: sampler.sample(logits, rows, params, gens), graph=False)  # noqa: B023
+                finally:
+                    sampling_kernels.gumbel_available = gumbel
+                report.time("sampling", f"b{batch}_t{temperature}_gumbel_vs_flashinfer", ours, chain)
             available = sampling_kernels.available
             sampling_kernels.available = lambda logits: False  # the sampler's reference path
             try:

@@ -13,7 +13,8 @@ up), and the one device-to-host copy of a step is its sampled tokens. The sample
 per-row state itself: which request each row's parameters are for, and the private random stream
 of each seeded request.
 
-On a GPU with FlashInfer the draw runs FlashInfer's sampling kernels (kernels/sampling.py), which
+On a GPU a batch drawn with the temperature alone runs one Triton kernel (the Gumbel-max trick,
+kernels/sampling.py), and one with top-k, top-p or min-p FlashInfer's sampling kernels, which
 sort nothing; the torch code below is the reference, and what runs on the CPU and for requests
 with their own seed. The logits arrive in the model's dtype: argmax and log_softmax read bf16 as
 it is, and only the reference draw makes a float32 copy.
@@ -41,6 +42,11 @@ MIN_TEMPERATURE = 1e-5
 
 def is_greedy(params: SamplingParams) -> bool:
     return params.greedy or params.temperature < MIN_TEMPERATURE
+
+
+def has_filter(params: SamplingParams) -> bool:
+    """Whether a top-k, top-p or min-p filter applies: without one, a draw needs the temperature alone."""
+    return params.top_k > 1 or params.top_p < 1 or params.min_p > 0
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -218,7 +224,16 @@ class Sampler:
         if all(greedy):
             tokens = scores.argmax(dim=-1)
         else:
-            if sampling_kernels.available(scores) and all(g is None for g in generators):
+            unseeded = all(g is None for g in generators)
+            if (
+                unseeded
+                and not any(has_filter(p) for p in params)
+                and sampling_kernels.gumbel_available(scores)
+            ):
+                temperature = torch.index_select(self.temperature, 0, rows)
+                seed = sampling_kernels.draw_seed(scores.device)
+                drawn = sampling_kernels.triton_gumbel_sample(scores, temperature, seed)
+            elif unseeded and sampling_kernels.available(scores):
                 drawn = self._flashinfer_draw(scores, rows, params)
             else:
                 drawn = self._reference_draw(scores.float(), rows, params, generators)

@@ -348,13 +348,13 @@ def test_flashinfer_greedy_and_top_k_1_rows_are_argmax_exactly():
 )
 @pytest.mark.parametrize("temperature", [0.6, 1.0])
 def test_flashinfer_sampling_draws_the_reference_distribution(monkeypatch, kwargs, temperature):
-    """Many draws of one row (its copies fill a batch) through FlashInfer's kernels: the
-    frequencies must be the reference's masked softmax, token by token."""
+    """Many draws of one row (its copies fill a batch) through FlashInfer's kernels (with a filter)
+    or the Gumbel-max kernel (the temperature alone): the frequencies must be the reference's
+    masked softmax, token by token."""
     calls = []
-    real = sampling_kernels.flashinfer_sample
-    monkeypatch.setattr(
-        sampling_kernels, "flashinfer_sample", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
+    path = "flashinfer_sample" if kwargs else "triton_gumbel_sample"
+    real = getattr(sampling_kernels, path)
+    monkeypatch.setattr(sampling_kernels, path, lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(1)
     vocab, n = 40, 4096
     # distinct logits even in bf16 (0.15 apart): a tie at the top-k boundary would be a coin toss
@@ -366,7 +366,7 @@ def test_flashinfer_sampling_draws_the_reference_distribution(monkeypatch, kwarg
     for _ in range(50):  # 204,800 draws
         tokens = draw_many(sampler, row.to(torch.bfloat16).expand(n, vocab), params)
         counts += torch.bincount(tokens, minlength=vocab)
-    assert calls, "the FlashInfer path did not run"
+    assert calls, f"the {path} path did not run"
     scaled = row.to(torch.bfloat16).float().unsqueeze(0) / temperature
     scaled = top_k_mask(scaled, torch.tensor([p.top_k if p.top_k > 0 else vocab], device="cuda"))
     scaled = top_p_mask(scaled, torch.tensor([p.top_p], device="cuda"))
@@ -374,6 +374,29 @@ def test_flashinfer_sampling_draws_the_reference_distribution(monkeypatch, kwarg
     freq = counts / counts.sum()
     assert (freq[want == 0] == 0).all(), "a filtered token was drawn"
     torch.testing.assert_close(freq, want, atol=0.006, rtol=0)  # ~5 standard errors at p = 0.5
+
+
+@pytest.mark.parametrize("rows", [1, 4, 300])
+def test_gumbel_max_draws_the_softmax_at_the_real_vocabulary(rows):
+    """Qwen3's 151,936 logits, a batch of 1 and 4 (75 chunks a row) and 300 (one chunk): 40,000 draws
+    and more against softmax(logits / 0.6) on the tokens that hold nearly all the mass."""
+    torch.manual_seed(rows)
+    vocab = 151936
+    row = torch.full((vocab,), -30.0, device="cuda")
+    top = torch.randperm(vocab, device="cuda")[:12]  # a dozen likely tokens anywhere in the vocabulary
+    row[top] = torch.linspace(-1.5, 1.5, 12, device="cuda")
+    logits = row.to(torch.bfloat16).expand(rows, vocab).contiguous()
+    temperature = torch.full((rows,), 0.6, device="cuda")
+    counts = torch.zeros(vocab, device="cuda")
+    for _ in range(-(-40_000 // rows)):
+        seed = sampling_kernels.draw_seed(logits.device)
+        counts += torch.bincount(
+            sampling_kernels.triton_gumbel_sample(logits, temperature, seed), minlength=vocab
+        )
+    want = (row.to(torch.bfloat16).float() / 0.6).softmax(-1)
+    freq = counts / counts.sum()
+    assert freq[top].sum() > 0.999
+    torch.testing.assert_close(freq[top], want[top], atol=0.012, rtol=0)  # ~5 standard errors at 0.3
 
 
 @pytest.fixture(scope="module")

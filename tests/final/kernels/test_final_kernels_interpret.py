@@ -25,7 +25,7 @@ from tests import ROOT
 
 triton = pytest.importorskip("triton", reason="needs Triton (pip install triton; Linux only)")
 
-from final.kernels import gemv, kv_write, qk_norm_rope_kv, step_metadata  # noqa: E402
+from final.kernels import gemv, kv_write, qk_norm_rope_kv, sampling, step_metadata  # noqa: E402
 from final.models import fused  # noqa: E402
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -221,6 +221,52 @@ def test_step_metadata_references_agree_with_a_loop():
     assert step_metadata.torch_kv_indices(table, rows, seq_lens, 16, len(pages)).tolist() == pages
 
 
+@interpreted
+def test_gumbel_max_draws_the_softmax_of_logits_over_temperature(monkeypatch):
+    """1,000 rows, each one draw of the same 8 bf16 logits at temperature 0.7: the frequencies are
+    softmax(logits / 0.7), within 0.065 (4 standard errors at the top token's 0.56). A temperature
+    left out (0.44 there) or the noise -log(u) for -log(-log(u)) (0.66) is 0.1 off."""
+    monkeypatch.setattr(sampling, "GUMBEL_BLOCK", 64)  # the interpreter runs a block as numpy arrays
+    torch.manual_seed(0)
+    vocab, rows, temperature = 8, 1000, 0.7
+    row = torch.linspace(-2, 2, vocab)[torch.randperm(vocab)].to(torch.bfloat16)
+    logits = row.expand(rows, vocab).contiguous()
+    tokens = sampling.triton_gumbel_sample(logits, torch.full((rows,), temperature), torch.tensor([1234]))
+    assert tokens.dtype == torch.int64 and tokens.shape == (rows,)
+    freq = torch.bincount(tokens, minlength=vocab).float() / rows
+    torch.testing.assert_close(freq, (row.float() / temperature).softmax(-1), atol=0.065, rtol=0)
+
+
+@interpreted
+def test_gumbel_max_finds_each_rows_best_chunk_and_follows_its_seed(monkeypatch):
+    """A vocabulary of 2,000 cut into chunks of one block of 64: at a temperature far below the
+    logits' gaps the draw is the argmax, wherever it lies; the same seed draws the same tokens,
+    another seed others."""
+    monkeypatch.setattr(sampling, "GUMBEL_BLOCK", 64)
+    torch.manual_seed(1)
+    rows, vocab = 4, 2000
+    assert sampling.gumbel_chunks(rows, vocab, 64)[0] == 32, "the test is about many chunks"
+    logits = torch.stack([torch.randperm(vocab).float() for _ in range(rows)])  # distinct, 1 apart
+    cold = torch.full((rows,), 1e-3)
+    seed = torch.tensor([7])
+    assert torch.equal(sampling.triton_gumbel_sample(logits, cold, seed), logits.argmax(-1))
+    flat = torch.zeros(rows, vocab)  # every token equally likely: the draw is the noise's
+    warm = torch.ones(rows)
+    first = sampling.triton_gumbel_sample(flat, warm, seed)
+    assert torch.equal(sampling.triton_gumbel_sample(flat, warm, seed), first)
+    assert not torch.equal(sampling.triton_gumbel_sample(flat, warm, torch.tensor([8])), first)
+
+
+def test_gumbel_max_reference_draws_the_softmax():
+    """The torch reference of the trick, on torch's uniforms: the same distribution."""
+    torch.manual_seed(2)
+    row = torch.linspace(-2, 2, 20)
+    n = 20_000
+    tokens = sampling.torch_gumbel_sample(row.expand(n, 20), torch.full((n,), 0.5), torch.rand(n, 20))
+    freq = torch.bincount(tokens, minlength=20).float() / n
+    torch.testing.assert_close(freq, (row / 0.5).softmax(-1), atol=0.015, rtol=0)
+
+
 def test_dispatch_keeps_the_cpu_on_the_references(monkeypatch):
     """On the CPU every dispatch takes the torch path (Triton serves only CUDA half precision)."""
 
@@ -327,6 +373,17 @@ def test_kernels_compile_for_hopper():
         )
         for m, bias in ((1, False), (4, True))
     ]  # fmt: skip
+    kernels.insert(  # first: the GEMV's check below reads the last one
+        0,
+        compile_for_hopper(
+            sampling._gumbel_jit(),
+            {"logits": "*bf16", "temperature": "*fp32", "seed": "*i64", "best_value": "*fp32",
+             "best_token": "*i32", "row_stride": "i32", "vocab": "i32", "per_chunk": "i32", "chunks": "i32",
+             "BLOCK": const},
+            {"BLOCK": sampling.GUMBEL_BLOCK},
+            warps=8,
+        ),
+    )  # fmt: skip
     for kernel in kernels:
         assert kernel.asm["cubin"], "no machine code"
     # The GEMV's weight loads are 16-byte vector loads: the point of the kernel is bandwidth.
