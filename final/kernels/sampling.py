@@ -128,7 +128,9 @@ def _gumbel_jit():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # `chunks` changes with the batch: specializing on it (== 1, divisible by 16) would compile a
+    # variant in the middle of serving the first time a batch size asked for it.
+    @triton.jit(do_not_specialize=["chunks"])
     def gumbel_max_kernel(
         logits,
         temperature,
