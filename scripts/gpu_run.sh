@@ -69,9 +69,10 @@
 #   fiws-stash    a carried part of the cache (.fiws-cache/full/fiws.tar.N) kept in /tmp/fiws-parts/: a
 #                 cache of more than about 60 MB comes over two calls beside a kit part
 #   fiws-restore  the carried cache (the stashed parts, else .fiws-cache/slim.tar) unpacked with its
-#                 files dated now: FlashInfer runs ninja before every load, and the kit's sources,
-#                 installed minutes ago, are newer than a cache dated when it was saved, so ninja
-#                 compiled every kernel again (sessions 6 and 7 spent 160-190 s of each machine on it)
+#                 files dated now, and the kit's files dated 2000: FlashInfer runs ninja before every
+#                 load, and the kit's sources, installed minutes ago, were newer than the cache, so
+#                 ninja may compile every kernel again (sessions 6-8 spent 146-190 s of each machine
+#                 in fi-warmup with a cache carried; fi-warmup now says what it compiled)
 #   bench-stage01 stage 01's batch-1 decode and HF transformers' generate on it (3 repeats each)
 #   bench-stage02 stage 02 (fi): batch-1 decode, the offline workload, and at scale 0.25 fi against torch
 #   bench-stage03 stage 03 (fi, page 16): shared-prefix and no-sharing workloads, radix against naive
@@ -179,6 +180,10 @@ run_step() {
       if [ -n "$parts" ]; then cat $parts | tar -C "$into" -m -xf -
       elif [ -f .fiws-cache/slim.tar ]; then tar -C "$into" -m -xf .fiws-cache/slim.tar
       else echo "no FlashInfer cache carried: every kernel compiles on first use"; fi
+      # And the kit's files dated long ago: ninja may judge by the times its log recorded at the
+      # build, not by the files' own, and the kit was installed minutes ago (session 8: dating
+      # the cache alone still left 146 s of compiling).
+      [ -d /tmp/site ] && find /tmp/site -type f -exec touch -h -d 2000-01-01 {} +
       du -sh "$FLASHINFER_WORKSPACE_BASE" 2>/dev/null ;;
     fi-warmup) $py -m scripts.flashinfer_warmup ${FI_WARMUP_FP8:+--fp8} ;;
     ckpt) [ -f $ckpt/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-0.6b --out $ckpt ;;
