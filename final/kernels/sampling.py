@@ -32,7 +32,7 @@ FlashInfer's chain for the same draw is the float32 copy, the softmax (reading a
 [batch, vocab] float32) and a draw over the probabilities: 123 + 169 + 86 us of an H100's batch-256
 step (versus_minisgl_h100.json, 2026-11-27), about 5% of it. The vocabulary is cut into chunks,
 one program each, so that batch 1 still fills the GPU; a second pass picks each row's best chunk.
-The uniforms come from Triton's Philox, keyed by a seed that torch's generator draws on the
+The random bits come from Triton's Philox, keyed by a seed that torch's generator draws on the
 device every step (so a CUDA graph replays a new draw, and torch.manual_seed reproduces a run).
 """
 
@@ -117,7 +117,8 @@ def gumbel_chunks(rows: int, vocab: int, block: int) -> tuple[int, int]:
 def torch_gumbel_sample(
     logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor
 ) -> torch.Tensor:
-    """The reference: argmax(logits / temperature - log(-log(u))), u [rows, vocab] in [0, 1)."""
+    """The reference: argmax(logits / temperature - log(-log(u))), u [rows, vocab] in (0, 1), in
+    float64 (the kernel's float32 takes care near u = 1: see its comment)."""
     gumbel = -torch.log(-torch.log(uniforms.double()))
     return (logits.double() / temperature.double().unsqueeze(-1) + gumbel).argmax(dim=-1)
 
@@ -154,8 +155,15 @@ def _gumbel_jit():
             token = start + offset + tl.arange(0, BLOCK)
             inside = token < vocab
             x = tl.load(logits + row.to(tl.int64) * row_stride + token, mask=inside, other=0.0)
-            u = tl.rand(key, row * vocab + token)  # one uniform per (row, token) per step
-            z = x.to(tl.float32) * inv_t - tl.log(-tl.log(u))
+            # g = -log(E), E = -log(1 - s) an exponential draw, s uniform in (0, 1]. The winners
+            # have the smallest E (about 1e-5 over Qwen3's vocabulary), so E must be exact near 0:
+            # s from the random bits keeps float32's full precision near 0, and there -log(1 - s)
+            # is its series (1 - s would round it away). -log(tl.rand) would give E in steps of
+            # float32's spacing below 1 (6e-8), a coarse grid just where the winner is decided.
+            bits = tl.randint(key, row * vocab + token).to(tl.uint32, bitcast=True)
+            s = (bits.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # (bits + 0.5) / 2^32
+            e = tl.where(s < 0.00390625, s + s * s * 0.5 + s * s * s * 0.33333334, -tl.log(1.0 - s))
+            z = x.to(tl.float32) * inv_t - tl.log(e)
             z = tl.where(inside, z, float("-inf"))
             better = z > top
             top = tl.where(better, z, top)
