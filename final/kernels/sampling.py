@@ -160,7 +160,10 @@ def _gumbel_jit():
             # s from the random bits keeps float32's full precision near 0, and there -log(1 - s)
             # is its series (1 - s would round it away). -log(tl.rand) would give E in steps of
             # float32's spacing below 1 (6e-8), a coarse grid just where the winner is decided.
-            bits = tl.randint(key, row * vocab + token).to(tl.uint32, bitcast=True)
+            # Philox makes four numbers a call: one call per four tokens (tl.randint would throw
+            # three away), its four outputs side by side, counters unique per (row, four tokens).
+            r0, r1, r2, r3 = tl.randint4x(key, row * vocab + (start + offset) // 4 + tl.arange(0, BLOCK // 4))
+            bits = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK]).to(tl.uint32, bitcast=True)
             s = (bits.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # (bits + 0.5) / 2^32
             e = tl.where(s < 0.00390625, s + s * s * 0.5 + s * s * s * 0.33333334, -tl.log(1.0 - s))
             z = x.to(tl.float32) * inv_t - tl.log(e)
