@@ -104,23 +104,34 @@ def step_source(records: list[Record]) -> str:
     )
 
 
+def shares_under(
+    half: float, streams: list[list[float]], engine_gaps: list[float]
+) -> tuple[float, float, float]:
+    """Against a line of `half` ms: the share of the client's gaps under it, the share of streams
+    with at most SMOOTH_MAX_BURSTS of their gaps under it, and the share of the engine's gaps under
+    it (0 without them). `streams`: each stream's gaps at the client, none empty."""
+    gaps = [g for stream in streams for g in stream]
+    smooth = sum(sum(g < half for g in s) / len(s) <= SMOOTH_MAX_BURSTS for s in streams) / len(streams)
+    engine = sum(g < half for g in engine_gaps) / len(engine_gaps) if engine_gaps else 0.0
+    return sum(g < half for g in gaps) / len(gaps), smooth, engine
+
+
 def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
     timed = [r for r in done if r.timed()]
     engine_gaps = [g for r in timed for g in _gaps(r.engine_times)]
     step = percentile(engine_gaps, 50) if engine_gaps else percentile(tpot, 50)
-    gaps = [g for r in done for g in r.gaps_ms()]
-    if not gaps or math.isnan(step):
+    streams = [gaps for gaps in (r.gaps_ms() for r in done) if gaps]
+    if not streams or math.isnan(step):
         return {}
-    half = step / 2
-    per_stream = [sum(g < half for g in r.gaps_ms()) / len(r.gaps_ms()) for r in done if r.gaps_ms()]
+    under, smooth, engine = shares_under(step / 2, streams, engine_gaps)
     out: dict[str, float] = {
         "step_ms_p50": step,
-        "burst_share_half_step": sum(g < half for g in gaps) / len(gaps),
-        "burst_share_2ms": sum(g < 2.0 for g in gaps) / len(gaps),
-        "smooth_streams_share": sum(s <= SMOOTH_MAX_BURSTS for s in per_stream) / len(per_stream),
+        "burst_share_half_step": under,
+        "burst_share_2ms": shares_under(2.0, streams, [])[0],
+        "smooth_streams_share": smooth,
     }
     if engine_gaps:
-        out["engine_burst_share"] = sum(g < half for g in engine_gaps) / len(engine_gaps)
+        out["engine_burst_share"] = engine
         # Bursts the frontend made: a gap at the client under half the same two tokens' gap at the
         # engine (the engine's own uneven steps, a prefill among decodes, are not counted).
         pairs = [
@@ -136,7 +147,7 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
         ]
         if written:
             out["server_burst_share"] = sum(w < e / 2 for w, e in written) / len(written)
-        out |= against_decode_step(done, timed)
+        out |= against_decode_step(streams, timed, engine_gaps)
         first = [(r.written_times[0] - r.sent) * 1e3 for r in timed if r.written_times]
         out |= spread("ttft_server_ms", first)
         frontend = [(c - e) * 1e3 for r in timed for c, e in zip(r.chunk_times, r.engine_times, strict=True)]
@@ -170,7 +181,9 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
     return out
 
 
-def against_decode_step(done: list[Record], timed: list[Record]) -> dict[str, float]:
+def against_decode_step(
+    streams: list[list[float]], timed: list[Record], engine_gaps: list[float]
+) -> dict[str, float]:
     """The burst shares against half the engine's decode-only step (empty without `decode_step`
     in the timing)."""
     kinds = [r for r in timed if len(r.decode_steps) == len(r.engine_times)]
@@ -180,15 +193,12 @@ def against_decode_step(done: list[Record], timed: list[Record]) -> dict[str, fl
     if not decode_gaps:
         return {}
     step = percentile(decode_gaps, 50)
-    half = step / 2
-    gaps = [g for r in done for g in r.gaps_ms()]
-    engine_gaps = [g for r in timed for g in _gaps(r.engine_times)]
-    per_stream = [sum(g < half for g in r.gaps_ms()) / len(r.gaps_ms()) for r in done if r.gaps_ms()]
+    under, smooth, engine = shares_under(step / 2, streams, engine_gaps)
     return {
         "decode_step_ms_p50": step,
-        "burst_share_half_decode_step": sum(g < half for g in gaps) / len(gaps),
-        "engine_burst_share_decode_step": sum(g < half for g in engine_gaps) / len(engine_gaps),
-        "smooth_streams_share_decode_step": sum(s <= SMOOTH_MAX_BURSTS for s in per_stream) / len(per_stream),
+        "burst_share_half_decode_step": under,
+        "engine_burst_share_decode_step": engine,
+        "smooth_streams_share_decode_step": smooth,
     }
 
 
