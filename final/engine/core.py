@@ -201,8 +201,7 @@ class EngineCore:
         if out.tokens.is_cuda:
             done = torch.cuda.Event()
             done.record()
-        decode_only = all(q == 1 for q in batch.query_lens)
-        return StepHandle(batch, sampled, tokens, done, logprobs, pending, decode_only)
+        return StepHandle(batch, sampled, tokens, done, logprobs, pending, decode_only=not step.is_prefill)
 
     def _admit_rows(self, batch: ScheduledBatch) -> ScheduledBatch:
         """Have the sampler store the parameters of requests new to their row. A request whose

@@ -83,7 +83,8 @@ async def generate(
     """The request's updates, one per engine step that gave it tokens (never two steps merged:
     each becomes its own frame), as they come."""
     client, metrics = state.client, state.metrics
-    rid, mailbox, request = started.rid, started.mailbox, started.request
+    mailbox, request = started.mailbox, started.request
+    rid = request.rid
     last_token_at: float | None = None
     last_check = time.monotonic()
     try:
@@ -147,9 +148,8 @@ class Started:
     `abandon` releases those it never reached (the client left before the first byte)."""
 
     job: Job
-    rid: int
     mailbox: Mailbox
-    request: Served
+    request: Served  # its rid is the engine's
     followed: bool = False
 
 
@@ -159,7 +159,7 @@ def submit(state: ServerState, jobs: list[Job]) -> list[Started]:
     for job in jobs:
         rid, mailbox = state.client.submit(job.prompt_ids, job.params)
         request = Served(rid, time.perf_counter(), submitted=time.monotonic())
-        started.append(Started(job, rid, mailbox, request))
+        started.append(Started(job, mailbox, request))
     return started
 
 
@@ -168,7 +168,7 @@ def abandon(state: ServerState, started: list[Started]) -> None:
     for job in started:
         if not job.followed:
             job.followed = True
-            state.client.release(job.rid, abort=True)
+            state.client.release(job.request.rid, abort=True)
             state.metrics.finished["abort"] += 1
 
 
