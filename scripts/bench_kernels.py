@@ -238,8 +238,9 @@ def bench_fused(report: Report, s: Setup) -> None:
 def bench_sampling(report: Report, s: Setup) -> None:
     """The sampler as the engine calls it, bf16 logits (the Gumbel-max kernel for the temperature
     alone, FlashInfer with a filter) against the previous path: the model's float32 copy of the
-    logits and the torch draw; and FlashInfer's softmax-then-draw chain against the Gumbel-max kernel. Greedy must be the argmax exactly; the
-    frequencies are tested in tests/final/kernels/test_final_gpu_kernels.py."""
+    logits and the torch draw; and FlashInfer's softmax-then-draw chain against the Gumbel-max
+    kernel. Greedy must be the argmax exactly; the frequencies are tested in
+    tests/final/kernels/test_final_gpu_kernels.py."""
     for batch in s.batches:
         for temperature in (0.0, 0.6):
             logits = torch.randn(batch, s.vocab, device=s.device).to(s.act) * 3

@@ -36,6 +36,7 @@ def newest_measurements(tars: list[Path], root: Path) -> dict[str, tuple[str, by
     """path in the tree -> (timestamp, content, tar) of the newest copy among the tars that is newer
     than the tree's own copy."""
     best: dict[str, tuple[str, bytes, Path]] = {}
+    tree: dict[str, str] = {}  # the tree's own copy's timestamp, read once a file
     for tar_path in tars:
         with tarfile.open(tar_path) as tar:
             for member in tar.getmembers():
@@ -44,8 +45,10 @@ def newest_measurements(tars: list[Path], root: Path) -> dict[str, tuple[str, by
                     continue
                 data = tar.extractfile(member).read()  # type: ignore[union-attr]
                 stamp = timestamp_of(data)
-                current = root / name
-                have = timestamp_of(current.read_bytes()) if current.is_file() else ""
+                if name not in tree:
+                    current = root / name
+                    tree[name] = timestamp_of(current.read_bytes()) if current.is_file() else ""
+                have = tree[name]
                 if stamp and stamp > have and stamp > best.get(name, ("", b"", tar_path))[0]:
                     best[name] = (stamp, data, tar_path)
     return best
