@@ -62,9 +62,11 @@ class Penalties:
             return  # the row holds neutral values already
         self.row_penalized[row] = penalized
         self.any_row = self.any_row or penalized
-        self.presence[row] = float(params.presence_penalty)
-        self.frequency[row] = float(params.frequency_penalty)
-        self.repetition[row] = float(params.repetition_penalty)
+        # Slices filled, not `table[row] = value`: that copies from pageable memory and so waits
+        # for the stream (Sampler.write_rows says why); a fill is queued like any kernel.
+        self.presence[row : row + 1].fill_(float(params.presence_penalty))
+        self.frequency[row : row + 1].fill_(float(params.frequency_penalty))
+        self.repetition[row : row + 1].fill_(float(params.repetition_penalty))
         if not penalized:
             return  # the tables' stale entries for this row multiply neutral values: no effect
         if self.counts is None:

@@ -47,17 +47,17 @@ def test_a_request_whose_params_cannot_be_stored_fails_alone(tiny_qwen3_dir, mon
     good[1] = SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True)
     reference = run(llm, prompts, good)
 
-    real_admit = Sampler.admit
+    real_row_values = Sampler.row_values
 
-    def admit(self, row, params):
+    def row_values(params):
         if params.top_k == POISON_TOP_K:
             raise RuntimeError("cannot store this row")
-        real_admit(self, row, params)
+        return real_row_values(params)
 
     def no_fail_all(message):
         raise AssertionError(f"fail_all called: {message}")
 
-    monkeypatch.setattr(Sampler, "admit", admit)
+    monkeypatch.setattr(Sampler, "row_values", staticmethod(row_values))
     monkeypatch.setattr(llm.core, "fail_all", no_fail_all)
     poisoned = SamplingParams(temperature=0.5, top_k=POISON_TOP_K, max_tokens=12)
     mixed = run(llm, [*prompts, prompts[0][:5]], [*good, poisoned])
