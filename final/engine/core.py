@@ -204,9 +204,8 @@ class EngineCore:
         return StepHandle(batch, sampled, tokens, done, logprobs, pending, decode_only=not step.is_prefill)
 
     def _admit_rows(self, batch: ScheduledBatch) -> ScheduledBatch:
-        """Have the sampler store the parameters of requests new to their row. A request whose
-        parameters cannot be stored fails alone: it leaves the batch, its pages go back, its client
-        gets an error."""
+        """The sampler stores the parameters of requests new to their row; one it cannot store fails
+        alone (it leaves the batch, its pages go back, its client gets an error)."""
         failed = self.sampler.bind(batch.requests)
         if not failed:
             return batch
@@ -215,10 +214,9 @@ class EngineCore:
             self._fail_request(req, f"invalid sampling parameters: {type(err).__name__}: {err}")
         dropped = {id(req) for req, _ in failed}
         keep = [i for i, req in enumerate(batch.requests) if id(req) not in dropped]
+        requests, query_lens = [batch.requests[i] for i in keep], [batch.query_lens[i] for i in keep]
         return ScheduledBatch(
-            requests=[batch.requests[i] for i in keep],
-            query_lens=[batch.query_lens[i] for i in keep],
-            sampled=[batch.sampled[i] for i in keep],
+            requests=requests, query_lens=query_lens, sampled=[batch.sampled[i] for i in keep]
         )
 
     def _fail_request(self, req: Request, message: str) -> None:

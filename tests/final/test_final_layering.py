@@ -120,3 +120,24 @@ def test_layering_check_catches_a_violation(tmp_path):
     found = imports_of("final.core.bad", fake / "bad.py", known)
     assert found == {"final.server", "final.server.app", "final.scheduler"}
     assert all(RANKS[layer_of(t)] > RANKS["core"] for t in found)
+
+
+MAX_LINES = 300  # issue 25: a file a reader takes in at one sitting
+
+
+def too_long(root: Path) -> list[str]:
+    return [
+        f"{path.relative_to(root).as_posix()}: {n} lines"
+        for path in sorted(root.rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    ]
+
+
+def test_no_file_of_final_is_over_300_lines():
+    assert too_long(FINAL) == [], "split these files"
+
+
+def test_the_length_check_sees_a_long_file(tmp_path):
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_LINES)
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert too_long(tmp_path) == [f"long.py: {MAX_LINES + 1} lines"]
