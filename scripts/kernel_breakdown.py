@@ -42,7 +42,7 @@ CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     ("activation", r"silu|gelu|swiglu|act_and_mul|relu|sigmoid|tanh"),
     (
         "sampling",
-        r"sampling|argmax|argmin|topk|top_k|sort|softmax|multinomial|exponential|distribution|philox",
+        r"sampling|gumbel|argmax|argmin|topk|top_k|sort|softmax|multinomial|exponential|distribution|philox",
     ),
     ("gemm", r"gemm|gemv|nvjet|cublas|cutlass|xmma|matmul|splitk"),
     (

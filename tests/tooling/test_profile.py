@@ -272,6 +272,7 @@ KNOWN_KERNELS = [  # (name in a trace, short name, category)
     ("gemv_kernel", "gemv_kernel", "gemm"),
     ("decode_inputs_kernel", "decode_inputs_kernel", "copy/index"),
     ("kv_indices_kernel", "kv_indices_kernel", "copy/index"),
+    ("gumbel_max_kernel", "gumbel_max_kernel", "sampling"),
     ("void my_own_kernel<3>(float*)", "my_own_kernel", "other"),
 ]
 
