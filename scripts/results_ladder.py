@@ -5,7 +5,8 @@ Rows are found by pattern, so a new stage joins the ladder by existing: every st
 row (empty, "next GPU run", until a result lands), and every full-scale `offline` result on a GPU
 whose stage is `NN_name`, `final`, `mini-sglang` or `nano-vllm` can fill one. A result of the
 ladder's own step (`make bench-ladder`, names `ladder_*`) wins; otherwise the newest full-scale
-offline run of that engine on that GPU stands in, and its settings are shown beside it.
+offline run of that engine on that GPU stands in (not one of the attention benchmark's, which
+vary the backend on purpose), and its settings are shown beside it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ REFERENCE = "mini-sglang"  # the engine the others are compared with, within one
 SETTINGS = ("attn", "page_size", "max_requests", "cuda_graph_max_bs", "overlap", "tp")
 STAGE_RE = re.compile(r"^(\d\d)_")
 EMPTY = "next GPU run"
+ATTENTION_GROUP = "attn"  # scripts/results_attention.py's: every backend and pair, one run each
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ def candidates(results: list[Result]) -> list[Result]:
         and device_of(r) != "CPU"
         and float(r.config.get("scale", 0)) == 1.0
         and r.config.get("kv_cache_dtype", "auto") in ("auto", "bf16")  # one precision on the ladder
+        and r.group != ATTENTION_GROUP  # runs that vary the backend on purpose stand in for nothing
         and engine_key(r.stage) is not None
     ]
 

@@ -240,6 +240,20 @@ def test_the_ladder_has_a_row_per_stage_and_peer_and_says_what_is_missing(tmp_pa
     assert (root / "docs/assets/plots/ladder.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_an_attention_benchmark_run_never_stands_in_for_final_on_the_ladder(tmp_path: Path) -> None:
+    root = make_repo(tmp_path)
+    write(
+        root,
+        "h100/a.json",
+        ladder_result("kv_offline_bf16_h100", "final", 9000.0, timestamp="2025-01-02T00:00:00Z"),
+    )
+    newer = ladder_result("attn_offline_fi-trtllm_h100", "final", 8000.0, timestamp="2025-01-03T00:00:00Z")
+    write(root, "h100/b.json", newer)
+    page = rr.render_markdown(root)[Path("docs/generated/ladder.md")]
+    final_row = next(line for line in page.splitlines() if line.startswith("| final/"))
+    assert "9,000" in final_row and "attn_offline" not in final_row
+
+
 def test_the_performance_page_shows_the_same_ladder_with_its_plot_one_folder_down(tmp_path: Path) -> None:
     root = make_repo(tmp_path)
     write(root, "h200/c.json", ladder_result("ladder_final_h200", "final", 9000.0, run_id="c1"))
