@@ -90,7 +90,9 @@ def top_p_mask(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs  # probability mass strictly before each token
-    drop_sorted = before >= top_p.unsqueeze(-1)  # the most likely token always survives
+    drop_sorted = before >= top_p.unsqueeze(-1)
+    # The most likely token always survives, even a top_p that float32 rounds to 0 (1e-300).
+    drop_sorted[..., 0] = False
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

@@ -331,3 +331,12 @@ def test_final_flashinfer_path_keeps_greedy_rows_and_seeded_requests(fake_flashi
     gens = [final.engine.sampler.make_generator(seeded, torch.device("cpu")) for _ in range(4)]
     final.engine.sampler.sample(logits, [seeded] * 4, gens)
     assert fake_flashinfer.calls == []  # a request with its own seed takes the reference path
+
+
+def test_a_top_p_that_float32_rounds_to_zero_still_keeps_the_likeliest_token(impl):
+    """top_p=1e-300 passes validation (it is above 0) and is 0.0 in a float32 tensor: the mask must
+    keep the most likely token, not drop every one (a softmax over all -inf is NaN)."""
+    logits = torch.tensor([[0.1, 2.0, -1.0, 0.5]])
+    assert kept(impl.top_p_mask(logits, torch.tensor([1e-300], dtype=torch.float32))) == [[1]]
+    out = impl.sample(logits.expand(8, 4), [impl.Params(temperature=1.0, top_p=1e-300)] * 8)
+    assert out.tokens.tolist() == [1] * 8
