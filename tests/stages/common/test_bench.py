@@ -406,4 +406,18 @@ def test_the_warm_up_samples_as_the_workload_does():
     assert any(p.temperature == 0 for p in (i.params for i in warm.items))
     assert all(i.params.max_tokens <= 4 for i in warm.items), "a warm-up is short"
     prompts = {tuple(i.prompt_ids[:16]) for i in workload.items}
-    assert not any(tuple(i.prompt_ids) in prompts for i in warm.items), "no radix hit for the timed run"
+    assert not any(tuple(i.prompt_ids[:16]) in prompts for i in warm.items), "no radix hit for the timed run"
+
+
+def test_the_warm_up_prefills_a_prompt_as_long_as_the_workloads_longest_but_not_for_prefill():
+    """A batch-1 TTFT is one measurement: a library's first call at a new size must come before the
+    clock (an H100's latency run read 342 ms where the prefill workload's median was 14 ms). The
+    prefill workload reports its first prompt of each length on purpose and keeps short warm-ups."""
+    for name in ("latency", "offline"):
+        workload = wl.make_workload(name, 1000, seed=0, scale=0.05)
+        longest = max(len(i.prompt_ids) for i in workload.items)
+        warm = bench.warmup_workload(1000, workload)
+        assert max(len(i.prompt_ids) for i in warm.items) == longest > 16
+        assert sum(len(i.prompt_ids) > 16 for i in warm.items) == 1
+    prefill = wl.make_workload("prefill", 1000, seed=0, scale=0.05)
+    assert max(len(i.prompt_ids) for i in bench.warmup_workload(1000, prefill).items) == 16
