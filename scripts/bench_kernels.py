@@ -1,6 +1,6 @@
 """Check and time final/kernels on a CUDA GPU against the torch code they replace, at Qwen3-0.6B's
-shapes: the K/V write, the fused q/k norm + RoPE + K/V write, sampling, the small-M GEMV, and a
-decode step's metadata (inputs, positions and slots; the attention plan's page list). It also
+shapes: the K/V write, the fused q/k norm + RoPE + K/V write, sampling, the small-M GEMV (and a
+chain of them with programmatic dependent launch and without), and a decode step's metadata (inputs, positions and slots; the attention plan's page list). It also
 times FlashInfer's decode attention with and without tensor cores at several batches and
 contexts, the measurement `use_tensor_cores` in final/attention/flashinfer_backend.py follows.
 
@@ -407,6 +407,30 @@ def bench_gemv(report: Report, s: Setup) -> dict:
     return {"max_m_by_shape": by_shape, "max_m_by_width": widths, "wins": wins}
 
 
+def bench_gemv_pdl(report: Report, s: Setup) -> None:
+    """A decode step's GEMVs at batch 1 as they follow each other (qkv, o, gate_up, down, 28 times,
+    each reading the last one's output), replayed in a CUDA graph with programmatic dependent
+    launch and without: what PDL takes off the gaps between them (final/kernels/gemv.py)."""
+    x = torch.randn(1, s.gemv_shapes["qkv"][1], device=s.device).to(s.act)
+    weights = [torch.randn(n, k, device=s.device).to(s.act) / k**0.5 for n, k in (s.gemv_shapes[name] for name in LAYER_SHAPES)]  # fmt: skip
+    layers = 28 if s.device == "cuda" else 2
+
+    def chain(pdl: bool) -> torch.Tensor:
+        y = x
+        for _ in range(layers):
+            for w in weights:
+                y = gemv.triton_linear(y[:, : w.shape[1]], w, pdl=pdl)
+        return y
+
+    pdl = gemv.use_pdl(x)
+    report.check("gemv chain with PDL = without", torch.equal(chain(pdl), chain(False)))
+    if not pdl:  # no PDL here (the CPU's --smoke, a GPU before Hopper): nothing to compare
+        return
+    report.time(
+        "gemv_chain", f"m1_{layers}layers_pdl", timed(lambda: chain(True)), timed(lambda: chain(False))
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="the result JSON (default: print only)")
@@ -428,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.smoke:  # FlashInfer: GPU only
         bench_decode_attention(report, setup)
     advice = bench_gemv(report, setup)
+    bench_gemv_pdl(report, setup)
     failed = [c["name"] for c in report.checks if not c["ok"]]
     print(f"\n{len(report.checks) - len(failed)}/{len(report.checks)} checks passed; GEMV: {advice}")
     result = {

@@ -42,5 +42,23 @@ def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in HALF and triton_available()
 
 
+@functools.cache
+def pdl_available(device_index: int) -> bool:
+    """Whether our Triton kernels may use programmatic dependent launch (PDL) on this GPU: Hopper or
+    later (compute capability 9+), and a Triton that has both the launch option and the in-kernel
+    wait (`gdc_wait`). With PDL a kernel may start while the one before it on the stream finishes,
+    and waits inside, at `gdc_wait`, before it reads what that kernel wrote."""
+    if not triton_available() or torch.cuda.get_device_capability(device_index)[0] < 9:
+        return False
+    import dataclasses
+
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return any(f.name == "launch_pdl" for f in dataclasses.fields(CUDAOptions))
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()

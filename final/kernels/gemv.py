@@ -9,6 +9,13 @@ N = 1,024 rows make hundreds of programs and every SM streams its share; the x r
 by every program, from L2. Splitting K over programs as well (split-K) would need a second kernel
 or atomics to add the partial sums, and rows alone already give enough programs for these shapes.
 
+On Hopper the kernel is launched with programmatic dependent launch (PDL): its programs may start
+while the kernel before it (a norm, the activation, attention's merge) is still finishing, load
+their first tile of W, which no kernel writes, and only then wait (`gdc_wait`) for x. A decode
+step at batch 1 is about three hundred short kernels one after another; the GPU's time between
+them was the 13% of the H100's batch-1 step that was no kernel at all (issue 31), and these GEMVs
+are a third of the kernels. FlashInfer launches its norm and activation kernels the same way.
+
 Used only below a measured batch size, which depends on the output's width (`gemv_max_m`): with
 few output features cuBLAS has few tiles to spread and the kernel wins up to 4 rows; with many it
 wins at one row only. Measured on an H200 (benchmarks/results/h200/kernels_h200.json, the `gemv`
@@ -26,7 +33,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from . import next_power_of_2, use_triton
+from . import next_power_of_2, pdl_available, use_triton
 
 # (largest output width, largest token count that takes the kernel there), narrowest first: where
 # the kernel beat cuBLAS on the H200 (see above). Wider than the last entry: cuBLAS always.
@@ -73,6 +80,11 @@ def _jit():
     import triton
     import triton.language as tl
 
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:  # an older Triton: PDL stays off (pdl_available), the branch never compiles
+        gdc_launch_dependents = gdc_wait = None
+
     @triton.jit
     def gemv_kernel(
         x,
@@ -89,23 +101,36 @@ def _jit():
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr,  # launched with programmatic dependent launch: wait before reading x
     ):
         n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.arange(0, BLOCK_M)
         n_in = n < N
         w_rows = w + n.to(tl.int64)[:, None] * w_row_stride
+        # The first tile of W, loaded before anything the previous kernel wrote is read: under PDL
+        # this load overlaps that kernel's end. x (and y, which may reuse memory it still reads)
+        # only after the wait; then the next kernel may start launching too.
+        tile = tl.load(
+            w_rows + tl.arange(0, BLOCK_K)[None, :],
+            mask=n_in[:, None] & (tl.arange(0, BLOCK_K) < K)[None, :],
+            other=0.0,
+        )
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for start in range(0, K, BLOCK_K):
             col = start + tl.arange(0, BLOCK_K)
             col_in = col < K
-            tile = tl.load(w_rows + col[None, :], mask=n_in[:, None] & col_in[None, :], other=0.0)
-            tile = tile.to(tl.float32)  # [BLOCK_N, BLOCK_K]
+            if start > 0:  # the first tile is in hand already
+                tile = tl.load(w_rows + col[None, :], mask=n_in[:, None] & col_in[None, :], other=0.0)
+            w_tile = tile.to(tl.float32)  # [BLOCK_N, BLOCK_K]
             for row in tl.static_range(BLOCK_M):  # a few rows: one dot product each, no 3-D temporaries
                 row_in = (
                     tl.full([BLOCK_K], row, tl.int32) < M
                 )  # a vector mask: Triton 3.9's interpreter refuses a scalar one
                 xs = tl.load(x + row * x_row_stride + col, mask=col_in & row_in, other=0.0)
-                part = tl.sum(tile * xs.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
+                part = tl.sum(w_tile * xs.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
                 acc += tl.where(m[:, None] == row, part[None, :], 0.0)
         if HAS_BIAS:
             acc += tl.load(bias + n, mask=n_in, other=0.0).to(tl.float32)[None, :]
@@ -115,13 +140,22 @@ def _jit():
     return gemv_kernel
 
 
+def use_pdl(x: torch.Tensor) -> bool:
+    """Programmatic dependent launch for the kernel on this tensor's GPU (see the module docstring)."""
+    return x.is_cuda and pdl_available(
+        x.device.index if x.device.index is not None else torch.cuda.current_device()
+    )
+
+
 def triton_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     config: GemvConfig | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
-    """The kernel: x [M, K] (M small), weight [N, K], bias [N] -> [M, N] in x's dtype."""
+    """The kernel: x [M, K] (M small), weight [N, K], bias [N] -> [M, N] in x's dtype. `pdl`: launch
+    with programmatic dependent launch (default: where the GPU and Triton have it)."""
     m, k = x.shape
     n = weight.shape[0]
     assert weight.shape[1] == k and weight.stride(1) == 1, "W must be row-major [N, K]"
@@ -131,7 +165,9 @@ def triton_linear(
     if m == 0:
         return y
     config = config or default_config(m, n, k)
+    pdl = use_pdl(x) if pdl is None else pdl
     grid = (-(-n // config.block_n),)
+    launch = {"launch_pdl": True} if pdl else {}  # an option only a CUDA launch knows
     _jit()[grid](
         x,
         weight,
@@ -147,7 +183,9 @@ def triton_linear(
         BLOCK_M=next_power_of_2(m),
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
+        PDL=pdl,
         num_warps=config.num_warps,
+        **launch,
     )
     return y
 

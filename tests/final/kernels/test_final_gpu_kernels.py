@@ -307,6 +307,45 @@ def test_gemv_matches_f_linear(shape, m):
     assert got.dtype == torch.bfloat16 and rel_error(got, want) < 1e-2
 
 
+def test_gemv_uses_pdl_on_hopper_and_matches_f_linear_either_way():
+    """Programmatic dependent launch changes when the kernel starts, never what it computes."""
+    assert gemv.use_pdl(torch.zeros(1, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
+    x = torch.randn(2, 3072, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, 3072, device="cuda", dtype=torch.bfloat16) / 3072**0.5
+    want = torch.nn.functional.linear(x.float(), w.float())
+    for pdl in (False, gemv.use_pdl(x)):
+        assert rel_error(gemv.triton_linear(x, w, pdl=pdl), want) < 1e-2
+
+
+def test_a_graph_of_dependent_pdl_gemvs_replays_what_eager_computes():
+    """A layer's four GEMVs, each reading the one before (kernel after kernel, nothing between), 28
+    times, captured in a CUDA graph (where PDL launches become programmatic edges) and replayed on
+    fresh inputs: each GEMV must wait for its predecessor's output, or the replay reads stale
+    activations and differs from eager."""
+    torch.manual_seed(5)
+    shapes = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]  # qkv, o, gate_up, down
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for n, k in shapes] * 28
+
+    def chain(x: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
+        for w in weights:  # W scaled by 1/sqrt(K): activations stay near unit size over 112 steps
+            x = gemv.triton_linear(x[:, : w.shape[1]], w, pdl=pdl)  # a prefix view of the last output
+        return x
+
+    static_x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    chain(static_x)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = chain(static_x)
+    for seed in (6, 7):
+        torch.manual_seed(seed)
+        static_x.copy_(torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, chain(static_x)), f"replay differs from eager (seed {seed})"
+        assert torch.equal(static_y, chain(static_x, pdl=False)), f"PDL changed the result (seed {seed})"
+
+
 def sampler_for(params: list[SamplingParams], vocab_size: int = 151936) -> Sampler:
     sampler = Sampler(len(params), torch.device("cuda"), vocab_size)
     for row, p in enumerate(params):

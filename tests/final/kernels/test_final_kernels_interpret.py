@@ -363,17 +363,18 @@ def test_kernels_compile_for_hopper():
             {"PAGE_SIZE": 1, "BLOCK_ROWS": step_metadata.KV_ROWS_BLOCK, "BLOCK_PAGES": step_metadata.PAGES_BLOCK},
         ),
     ]  # fmt: skip
-    kernels += [
+    gemvs = [
         compile_for_hopper(
             gemv._jit(),
             {"x": "*bf16", "w": "*bf16", "bias": "*bf16", "y": "*bf16", "M": "i32", "N": "i32",
              "x_row_stride": "i32", "w_row_stride": "i32", "y_row_stride": "i32", "K": const,
-             "HAS_BIAS": const, "BLOCK_M": const, "BLOCK_N": const, "BLOCK_K": const},
-            {"K": 3072, "HAS_BIAS": bias, "BLOCK_M": m, "BLOCK_N": 2, "BLOCK_K": 2048},
+             "HAS_BIAS": const, "BLOCK_M": const, "BLOCK_N": const, "BLOCK_K": const, "PDL": const},
+            {"K": k, "HAS_BIAS": bias, "BLOCK_M": m, "BLOCK_N": 2, "BLOCK_K": 2048, "PDL": pdl},
         )
-        for m, bias in ((1, False), (4, True))
+        for m, bias, k, pdl in ((1, False, 3072, False), (4, True, 3072, True), (1, False, 2048, True))
     ]  # fmt: skip
-    kernels.insert(  # first: the GEMV's check below reads the last one
+    kernels += gemvs
+    kernels.insert(
         0,
         compile_for_hopper(
             sampling._gumbel_jit(),
@@ -387,4 +388,14 @@ def test_kernels_compile_for_hopper():
     for kernel in kernels:
         assert kernel.asm["cubin"], "no machine code"
     # The GEMV's weight loads are 16-byte vector loads: the point of the kernel is bandwidth.
-    assert "ld.global.v4" in kernels[-1].asm["ptx"]
+    assert all("ld.global.v4" in g.asm["ptx"] for g in gemvs)
+    # Under programmatic dependent launch it waits for the kernel before it (griddepcontrol.wait)
+    # only after its first load of W, and lets the next one launch; without it, neither.
+    assert "griddepcontrol" not in gemvs[0].asm["ptx"]
+    for pdl in gemvs[1:]:
+        ptx = pdl.asm["ptx"]
+        assert (
+            ptx.index("ld.global.v4")
+            < ptx.index("griddepcontrol.wait")
+            < ptx.index("griddepcontrol.launch_dependents")
+        )
