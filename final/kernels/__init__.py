@@ -21,6 +21,7 @@ a CPU install may not have it, and importing it costs start-up time the CLI shou
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -47,7 +48,10 @@ def pdl_available(device_index: int) -> bool:
     """Whether our Triton kernels may use programmatic dependent launch (PDL) on this GPU: Hopper or
     later (compute capability 9+), and a Triton that has both the launch option and the in-kernel
     wait (`gdc_wait`). With PDL a kernel may start while the one before it on the stream finishes,
-    and waits inside, at `gdc_wait`, before it reads what that kernel wrote."""
+    and waits inside, at `gdc_wait`, before it reads what that kernel wrote. `FINAL_PDL=0` in the
+    environment turns it off, to measure what it buys (`FINAL_PDL=0 bash scripts/gpu_run.sh versus`)."""
+    if os.environ.get("FINAL_PDL", "1") == "0":
+        return False
     if not triton_available() or torch.cuda.get_device_capability(device_index)[0] < 9:
         return False
     import dataclasses

@@ -399,3 +399,18 @@ def test_kernels_compile_for_hopper():
             < ptx.index("griddepcontrol.wait")
             < ptx.index("griddepcontrol.launch_dependents")
         )
+
+
+def test_pdl_needs_hopper_and_triton_and_final_pdl_0_turns_it_off(monkeypatch):
+    import final.kernels as kernels
+
+    for capability, env, want in (((9, 0), None, True), ((8, 9), None, False), ((9, 0), "0", False), ((10, 0), "1", True)):  # fmt: skip
+        kernels.pdl_available.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None, c=capability: c)
+        if env is None:
+            monkeypatch.delenv("FINAL_PDL", raising=False)
+        else:
+            monkeypatch.setenv("FINAL_PDL", env)
+        assert kernels.pdl_available(0) is want, (capability, env)
+    kernels.pdl_available.cache_clear()
+    assert not gemv.use_pdl(torch.zeros(1))  # a CPU tensor: never
