@@ -44,6 +44,8 @@
 #   offline-phases  final/'s offline run (versus's workload) split into prefill steps, full-batch decode
 #                 and the draining tail, time and tokens of each (scripts/bench_offline_phases.py; about a
 #                 minute), into final_offline_phases_<gpu>.json: where the H100's offline gap is
+#   pdl-ab        final/'s batch-1 step (latency workload, 3 runs) with programmatic dependent launch
+#                 and with FINAL_PDL=0, in one call: final_latency_pdl1_<gpu>.json, _pdl0_
 #   prefill-kernels  the GPU kernels of one prefill of 32 fresh 512-token prompts, final/ and Mini-SGLang
 #                 (scripts/kernel_table.py --prefill-prompts; needs .peers), into logs/prefill_kernels_*.json
 #   test-stage07  stage 07's GPU tests (TP=2, and TP=4 on 4 GPUs, against TP=1; a killed rank)
@@ -363,6 +365,11 @@ run_step() {
     host-step) $py -m scripts.bench_host_step --steps 200 --json "$out/logs/host_step.json" ;;
     graph-launch) $py -m scripts.bench_graph_launch --model $ckpt --batch 1 64 --out-dir $results ;;
     offline-phases) $py -m scripts.bench_offline_phases --model $ckpt --out-dir $results ;;
+    pdl-ab)  # the batch-1 step with programmatic dependent launch (final/kernels/gemv.py) and without, one call
+      for pdl in 1 0; do
+        FINAL_PDL=$pdl bench --engine final --workload latency --repeats 3 --engine-arg attn=fi \
+          --name final_latency_pdl${pdl}_$gpu
+      done ;;
     prefill-kernels)  # both engines' kernels of one 16,384-token prefill (issue 31), into logs/
       $py -m scripts.kernel_table --engine final --model $ckpt --batch --prefill-prompts 32 --json "$out/logs/prefill_kernels_final.json"
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py -m scripts.kernel_table --engine mini-sglang --model $ckpt \
