@@ -108,11 +108,23 @@ def plot_group(group: str, results: list[Result], target: Path) -> None:
         len(chosen), 1, figsize=(8, sum(heights) + 0.3), squeeze=False, gridspec_kw={"height_ratios": heights}
     )
     for ax, (device, workload, rows, metrics) in zip(axes[:, 0], chosen, strict=True):
-        _bars(ax, rows, metrics)
+        _bars(ax, rows, metrics, metric_color(workload))
         ax.set_title(f"{device} · {workload}", loc="left", fontweight="bold")
     fig.tight_layout()
     _save(fig, target)
     plt.close(fig)
+
+
+def metric_color(workload: str):
+    """A metric's colour, the same in every panel of its workload: by its place in PLOT_METRICS, not
+    among the metrics a panel happens to have (an H200 panel without the worst gap drew the p99 in
+    the worst gap's blue). A metric the table does not list takes the colour of its place."""
+    listed = PLOT_METRICS.get(workload, ())
+
+    def color(metric: str, position: int) -> str:
+        return COLORS[(listed.index(metric) if metric in listed else position) % len(COLORS)]
+
+    return color
 
 
 def variants(rows: list[Result]) -> list[str] | None:
@@ -128,7 +140,7 @@ def variants(rows: list[Result]) -> list[str] | None:
     return names
 
 
-def _bars(ax, rows: list[Result], metrics: list[str]) -> None:
+def _bars(ax, rows: list[Result], metrics: list[str], color=None) -> None:
     height = 0.8 / len(metrics) if len(metrics) > 1 else 0.55  # one metric: a bar, not a block
     values = [r.metrics[m] for r in rows for m in metrics if _finite(r, m)]
     log = _use_log(values)
@@ -149,7 +161,8 @@ def _bars(ax, rows: list[Result], metrics: list[str]) -> None:
             errs[1].append(max(0.0, high - value))
         label = metric_label(metric).rsplit(" (", 1)[0]
         has_err = any(errs[0]) or any(errs[1])
-        ax.barh(ys, xs, height=height * 0.9, color=COLORS[j % len(COLORS)], label=label,
+        bar_color = color(metric, j) if color is not None else COLORS[j % len(COLORS)]
+        ax.barh(ys, xs, height=height * 0.9, color=bar_color, label=label,
                 xerr=errs if has_err else None, error_kw={"elinewidth": 0.8, "capsize": 2})  # fmt: skip
         for y, x, above in zip(ys, xs, errs[1], strict=True):  # the label right of the whisker
             ax.annotate(
@@ -166,8 +179,8 @@ def _bars(ax, rows: list[Result], metrics: list[str]) -> None:
     else:
         ax.set_xlabel(_axis_label(split_unit(metrics[0])[1], log))
     ax.grid(axis="x", alpha=0.3)
-    if len(metrics) > 1:
-        ax.legend(loc="best", fontsize=7, frameon=True)
+    if len(metrics) > 1:  # beside the axes: inside, "best" still sat on bars (the FP8 kernel panel)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
 
 
 def _bar_axis(ax, rows: list[Result], values: list[float], log: bool) -> None:

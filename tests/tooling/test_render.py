@@ -453,3 +453,12 @@ def test_a_versus_file_gets_its_table_but_no_bar_under_the_peers_name(tmp_path: 
     versus = result("versus_minisgl_h200", stage="versus", workload="versus", hardware=gpu,
                     metrics={"offline_final": 21000.0, "offline_minisgl": 19500.0, "offline_ratio": 1.08})  # fmt: skip
     assert rr.results_plots.panels([rr.parse_result(versus, "versus.json")]) == []
+
+
+def test_a_metric_keeps_its_colour_in_every_panel_of_its_workload() -> None:
+    """Chapter 04's plot: the H200 panel lacked the worst gap, and its p99 took the worst gap's
+    colour in the CPU panel. Colours follow the metric, not its place among a panel's metrics."""
+    color = rr.results_plots.metric_color("long-prompt")
+    p99 = color("short_itl_ms_p99", 0)  # drawn first in a panel without the worst gap
+    assert p99 == color("short_itl_ms_p99", 1) != color("short_itl_ms_max", 0)
+    assert color("something_else_ms", 2) == rr.results_plots.COLORS[2]  # unlisted: by its place
