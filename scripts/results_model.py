@@ -242,7 +242,11 @@ WORDS = {
 
 
 def split_unit(metric: str) -> tuple[str, str | None]:
-    """`short_itl_ms_max` -> (`short_itl_max`, `ms`); `cache_hit_rate` -> (itself, None)."""
+    """`short_itl_ms_max` -> (`short_itl_max`, `ms`); `us_b64_c16384_fp8` (the unit first, as the FP8
+    kernel table's keys have it) -> (`b64_c16384_fp8`, `µs`); `cache_hit_rate` -> (itself, None)."""
+    for prefix, unit in (("us_", "µs"), ("ms_", "ms")):
+        if metric.startswith(prefix):
+            return metric[len(prefix) :], unit
     for suffix, unit in UNITS:
         head, sep, tail = metric.rpartition(suffix)
         if sep and (not tail or (tail.startswith("_") and "_" not in tail[1:])):

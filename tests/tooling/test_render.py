@@ -187,6 +187,7 @@ def test_labels_and_units() -> None:
     assert rr.metric_label("cache_hit_rate") == "cache hit rate"
     assert rr.metric_label("computed_prefill_tokens") == "computed prefill tokens"
     assert rr.metric_label("ttft_ms_p50") == "TTFT p50 (ms)"
+    assert rr.metric_label("us_b64_c16384_fp8_tc") == "b64 c16384 fp8 tc (µs)"  # the unit first
 
     def labelled(name: str, **kw: Any) -> str:
         return rr.short_label(rr.parse_result(result(name, **kw), name))
