@@ -41,6 +41,8 @@ PINNED_DEFINITIONS = [
     ("final/kvcache/radix_cache.py", f"{LAST_STAGE}/radix_cache.py", ("TreeNode", "_common_length")),
     ("final/distributed/group.py", f"{LAST_STAGE}/ranks.py", ("parse_address",)),
     ("final/scheduler/request.py", f"{LAST_STAGE}/request.py", ("Status",)),
+    # The stages' top-p mask once lacked the fix for a top_p that float32 rounds to 0 (final/ had it).
+    ("final/engine/sampling_reference.py", "stages/common/sampling.py", ("top_p_mask", "min_p_mask")),
 ]  # fmt: skip
 
 
