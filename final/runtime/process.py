@@ -229,15 +229,18 @@ def serve(
                 failed = core.fail_all(f"the engine failed: {type(err).__name__}: {err}")
                 if core.failed:  # a tensor-parallel rank is lost: tell the clients, then exit
                     deltas += [dataclasses.replace(d, error_code=ENGINE_DEAD) for d in failed]
-                    outbox.send_frames(
-                        encode(columns_of(deltas, core.tokens_ready_at, core.collected_decode_only))
-                    )
+                    outbox.send_frames(step_frames(core, deltas))
                     raise SystemExit(ENGINE_FAILED_EXIT) from err
                 deltas += failed
             if parent.gone():
                 raise EngineExit("the frontend is gone")
         if deltas:  # one message a step: its tokens as arrays (engine/wire.py)
-            outbox.send_frames(encode(columns_of(deltas, core.tokens_ready_at, core.collected_decode_only)))
+            outbox.send_frames(step_frames(core, deltas))
+
+
+def step_frames(core: EngineCore, deltas: list[RequestDelta]) -> list[Any]:
+    """A step's deltas as one wire message, stamped with the collected step's time and kind."""
+    return encode(columns_of(deltas, core.tokens_ready_at, core.collected_decode_only))
 
 
 def timed_step(core: EngineCore, pulse: Pulse | None) -> list[RequestDelta]:
