@@ -44,7 +44,7 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 @functools.cache
-def pdl_available(device_index: int) -> bool:
+def pdl_available(device: torch.device) -> bool:
     """Whether our Triton kernels may use programmatic dependent launch (PDL) on this GPU: Hopper or
     later (compute capability 9+), and a Triton that has both the launch option and the in-kernel
     wait (`gdc_wait`). With PDL a kernel may start while the one before it on the stream finishes,
@@ -52,7 +52,7 @@ def pdl_available(device_index: int) -> bool:
     environment turns it off, to measure what it buys (`FINAL_PDL=0 bash scripts/gpu_run.sh versus`)."""
     if os.environ.get("FINAL_PDL", "1") == "0":
         return False
-    if not triton_available() or torch.cuda.get_device_capability(device_index)[0] < 9:
+    if not triton_available() or torch.cuda.get_device_capability(device)[0] < 9:
         return False
     import dataclasses
 

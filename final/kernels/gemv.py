@@ -142,9 +142,7 @@ def _jit():
 
 def use_pdl(x: torch.Tensor) -> bool:
     """Programmatic dependent launch for the kernel on this tensor's GPU (see the module docstring)."""
-    return x.is_cuda and pdl_available(
-        x.device.index if x.device.index is not None else torch.cuda.current_device()
-    )
+    return x.is_cuda and pdl_available(x.device)
 
 
 def triton_linear(

@@ -411,6 +411,6 @@ def test_pdl_needs_hopper_and_triton_and_final_pdl_0_turns_it_off(monkeypatch):
             monkeypatch.delenv("FINAL_PDL", raising=False)
         else:
             monkeypatch.setenv("FINAL_PDL", env)
-        assert kernels.pdl_available(0) is want, (capability, env)
+        assert kernels.pdl_available(torch.device("cuda", 0)) is want, (capability, env)
     kernels.pdl_available.cache_clear()
     assert not gemv.use_pdl(torch.zeros(1))  # a CPU tensor: never
