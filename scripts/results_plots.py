@@ -41,6 +41,8 @@ PLOT_METRICS: dict[str, tuple[str, ...]] = {
     "kv-decode-kernel": tuple(f"us_b64_c16384_{k}" for k in ("bf16", "bf16_tc", "fp8", "fp8_tc")),
     # A full garbage collection per server process before the start-up freeze (after it: 0).
     "gc-freeze": ("api_before_ms", "detokenizer_before_ms", "engine_before_ms"),
+    # Where an offline run's time goes (scripts/bench_offline_phases.py): the run's total alone said nothing.
+    "offline-phases": ("prefill_s", "decode_s", "tail_s"),
 }
 # Workloads that get a table but no panel: `startup` times `--help`, which says nothing next to a
 # chapter's measurement and took a third of its figure; `versus` holds two engines in one file, so
