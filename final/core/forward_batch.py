@@ -7,6 +7,7 @@ model all depend on this file alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,6 +61,8 @@ class ForwardBatch:
     seq_lens_t: torch.Tensor  # [B] seq_lens on the device (int32)
     out_slots: torch.Tensor  # [T] pool slot receiving each new token's K and V
     last_token_index: torch.Tensor  # [S] where each sampled request's last token sits in [T]
+    # Called by the model after each layer's kernels are queued (an eager step only; engine/delivery.py).
+    between_layers: Callable[[], None] | None = None
 
     @property
     def size(self) -> int:

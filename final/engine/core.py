@@ -5,12 +5,11 @@ It is the engine without any I/O: the offline `LLM` drives it in-process, and th
 (runtime/process.py) drives it from ZMQ messages. It knows nothing of text: stop strings are
 applied by the frontend, which calls `abort` when one matches.
 
-A step is two calls. `launch(batch)` has the executor run the forward pass, sample on the device
-and write the sampled tokens into the token table (where the next decode step reads them), then
-starts their copy to the host; it returns a `StepHandle` without waiting for the device.
-`collect(handle)` waits for the tokens and does the bookkeeping: outputs, finish checks, prefix
-cache inserts. A step gives each sampled request a list of tokens: one today, up to k for an
-executor that speculates (`Executor.tokens_per_step`); the bookkeeping takes the list.
+A step is two calls. `launch(batch)` has the executor run the forward pass, sample on the device,
+write the tokens into the token table (the next decode step's inputs) and start their copy to the
+host, without waiting. `collect(handle)` waits for the tokens and does the bookkeeping: outputs,
+finish checks. A step gives each sampled request a list of tokens: one today, up to k for an
+executor that speculates (`Executor.tokens_per_step`).
 
 Without overlap, `step` is `collect(launch(schedule()))`: the GPU idles while the host collects
 step N and schedules and prepares step N+1. With overlap (stage 06; on by default on a GPU),
@@ -31,6 +30,8 @@ behind the GPU's. The invariants that make that safe:
    again. Pool exhaustion is rare, so this costs a bubble rarely.
 6. The attention backend's host staging buffers (FlashInfer's plan) are not rewritten before the
    previous step's copy from them has run (the backend waits on an event).
+7. Step N may be collected *during* step N+1's launch, between its layers, once it is done
+   (delivery.py: the engine process publishes its tokens without waiting for an eager launch).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ..core.limits import finish_reason, max_new_tokens
 from ..core.sampling_params import SamplingParams
 from ..scheduler.request import Request, ScheduledBatch, Status
 from ..scheduler.scheduler import NeedsDrain, Scheduler
+from .delivery import early_delivery
 from .executor import Executor
 from .handle import StepHandle
 from .logprobs import to_host
@@ -80,6 +82,7 @@ class EngineCore:
         self.failed_alone: list[RequestDelta] = []  # requests dropped alone since the last step returned
         self.tokens_ready_at = 0.0  # monotonic time the last collected step's tokens reached the host
         self.collected_decode_only = False  # that step computed no prompt tokens (a decode step)
+        self.publish: Callable[[list[RequestDelta]], None] | None = None  # sends deltas at once (process.py)
 
     @property
     def device(self) -> torch.device:
@@ -88,10 +91,6 @@ class EngineCore:
     @property
     def dtype(self) -> torch.dtype:
         return self.config.dtype
-
-    @property
-    def kv_capacity(self) -> int:
-        return self.kv.capacity
 
     def info(self) -> EngineInfo:
         runner = self.executor.runner
@@ -107,7 +106,7 @@ class EngineCore:
             params.max_tokens,
             self.model_config.max_context,
             self.model_config.vocab_size,
-            self.kv_capacity,
+            self.kv.capacity,
         )
 
     def add_request(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -158,15 +157,16 @@ class EngineCore:
         except NeedsDrain:  # the pool ran dry: collect the step in flight, then preempt
             deltas += self.collect(self.in_flight.popleft())
             batch = self.scheduler.schedule()
-        if batch is not None:
-            self.in_flight.append(self.launch(batch))  # step N+1 is on its way ...
+        if batch is not None:  # step N+1 is on its way (step N delivered during it, if it can be) ...
+            early = early_delivery(self.in_flight, self.collect, self.publish)
+            self.in_flight.append(self.launch(batch, early))
         if len(self.in_flight) > 1 or (batch is None and self.in_flight):
             deltas += self.collect(self.in_flight.popleft())  # ... while step N is collected
         return deltas
 
     # --8<-- [end:loop]
 
-    def launch(self, batch: ScheduledBatch) -> StepHandle:
+    def launch(self, batch: ScheduledBatch, between_layers: Callable[[], None] | None = None) -> StepHandle:
         """Run the step's forward pass and sampling on the device; do not wait for them."""
         batch = self._admit_rows(batch)
         if not batch.requests:
@@ -185,7 +185,7 @@ class EngineCore:
                 req.num_pending += pending
                 req.last_token_on_device = True  # the executor writes it into the request's row
         # The other ranks (if any) get the step first; then every rank runs it, rank 0 samples.
-        out = self.executor.launch(step, sampled)
+        out = self.executor.launch(step, sampled, between_layers)
         for req in prompts_done:
             # The prompt's K and V are being written by this step, and every later step runs after
             # it on the one stream: the cache can offer them now. Waiting for `collect` would let

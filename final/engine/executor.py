@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -110,20 +111,24 @@ class Executor:
         torch.cuda.empty_cache()
         return taken
 
-    def forward(self, step: StepInput) -> torch.Tensor:
+    def forward(self, step: StepInput, between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         """Logits [sampled requests, vocab] for the token after each sampled request's last one:
-        a decode step replays its CUDA graph when there is one, anything else runs eagerly."""
+        a decode step replays its CUDA graph when there is one (`between_layers` unused: a replay
+        is one launch), anything else runs eagerly."""
         graphs = self.graphs
         if graphs is not None and graphs.can_run(step):
             return graphs.run(step)
-        return self.runner.forward(step)
+        return self.runner.forward(step, between_layers)
 
     # --8<-- [start:execute]
-    def execute(self, step: StepInput, sampled: list[Request] | None) -> SampleOutput | None:
+    def execute(
+        self, step: StepInput, sampled: list[Request] | None, between_layers: Callable[[], None] | None = None
+    ) -> SampleOutput | None:
         """Run `step` on this rank, without waiting for the device. `sampled`: on rank 0 the
         requests the step samples, in row order; None on the others, which take rank 0's tokens.
-        Returns rank 0's sampled tokens (None elsewhere, or when the step samples nothing)."""
-        logits = self.forward(step)
+        Returns rank 0's sampled tokens (None elsewhere, or when the step samples nothing).
+        `between_layers`: called after each layer of an eager step is queued (engine/delivery.py)."""
+        logits = self.forward(step, between_layers)
         count = logits.shape[0]
         if not count:
             return None
@@ -138,10 +143,12 @@ class Executor:
 
     # --8<-- [end:execute]
 
-    def launch(self, step: StepInput, sampled: list[Request]) -> SampleOutput | None:
+    def launch(
+        self, step: StepInput, sampled: list[Request], between_layers: Callable[[], None] | None = None
+    ) -> SampleOutput | None:
         """Rank 0: send the step (and the page-table writes it needs) to the other ranks, then run it."""
         self.peers.send(step, self.runner.page_table.pending_writes())
-        return self.execute(step, sampled)
+        return self.execute(step, sampled, between_layers)
 
     def follow(self, channel: StepChannel) -> int:
         """Every other rank: run rank 0's steps, in its order, until it shuts down; how many ran."""

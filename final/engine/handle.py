@@ -22,6 +22,10 @@ class StepHandle:
     pending: int = 1  # tokens each sampled request has in flight (k)
     decode_only: bool = False  # the step computed no prompt tokens: a decode step
 
+    def ready(self) -> bool:
+        """The tokens are on the host (asks the device; never waits)."""
+        return self.done is None or self.done.query()
+
     def wait(self) -> list[list[int]]:
         """Each sampled request's new tokens."""
         if self.done is not None:

@@ -11,6 +11,7 @@ buffer, so its address never changes: what CUDA-graph replay (engine/graph.py) n
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from itertools import accumulate
 
 import torch
@@ -155,10 +156,12 @@ class ModelRunner:
             last_token_index=buf.last_token_index[:s],
         )
 
-    def forward(self, step: StepInput) -> torch.Tensor:
+    def forward(self, step: StepInput, between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         """Logits [sampled requests, vocab] for the token after each sampled request's last one,
-        computed eagerly (the executor replays a decode graph instead where it has one)."""
+        computed eagerly (the executor replays a decode graph instead where it has one);
+        `between_layers` is called after each layer is queued (ForwardBatch)."""
         batch = self.prepare(step)
+        batch.between_layers = between_layers
         self.backend.prepare(batch)
         return self.model(batch, self.backend)
 

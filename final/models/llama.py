@@ -145,6 +145,8 @@ class LlamaForCausalLM(nn.Module):
         x, residual = self.model.embed_tokens(batch.input_ids), None
         for layer in self.model.layers:
             x, residual = layer(x, residual, batch.positions, self.rope, attn, batch)
+            if batch.between_layers is not None:
+                batch.between_layers()  # host work while the GPU runs what is queued (delivery.py)
         # The LM head is the largest matmul of a step; a prefill of T tokens needs only B rows of it.
         last = batch.last_token_index
         x, _ = self.model.norm.add_and_norm(x[last], residual[last])

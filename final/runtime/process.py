@@ -199,6 +199,9 @@ def serve(
     outbox = Outbox(outputs, inbox, parent)
     poller = zmq.Poller()
     poller.register(requests, zmq.POLLIN)
+    # A step in flight whose tokens are ready while the host launches an eager step goes out at once
+    # (engine/delivery.py), not after the launch: its own message, with its own stamp.
+    core.publish = lambda deltas: outbox.send_frames(step_frames(core, deltas)) if deltas else None
     while True:
         # Block only when idle; with work to do, take whatever has arrived and go on.
         if not inbox.backlog and not dict(poller.poll(0 if core.has_work() else IDLE_POLL_MS)):

@@ -214,9 +214,9 @@ class SimulatedDevice:
         launch, wait = core_module.EngineCore.launch, core_module.StepHandle.wait
         sim = self
 
-        def timed_launch(core, batch):
+        def timed_launch(core, batch, *between_layers):
             sim.clock += sim.HOST  # scheduling and preparing the step
-            handle = launch(core, batch)
+            handle = launch(core, batch, *between_layers)
             sim.device_free = max(sim.device_free, sim.clock) + sim.DEVICE
             handle.sim_done = sim.device_free
             sim.events.append(f"launch@{sim.clock}")
