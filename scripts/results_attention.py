@@ -41,6 +41,10 @@ GROUP = "attn"
 WORKLOADS = ("offline", "latency", "prefill")
 PAIR_ORDER = ("fi", "fa", "fi,fa", "fa,fi", "fi,trtllm", "fa,trtllm", "trtllm")
 PREFILL_METRIC = re.compile(r"^prefill_tok_per_s_(\d+)$")
+COMMITS_DIFFER = (
+    "The rows were measured at more than one commit of final/ (last column): a change to the engine "
+    "between them (a faster decode step, say) moves every backend's figures, not one pair's."
+)
 
 
 @dataclass
@@ -62,6 +66,11 @@ class Pair:
         result = self.results.get(workload)
         value = result.metrics.get(name) if result else None
         return value if value is not None and math.isfinite(value) and value > 0 else None
+
+    def commits(self) -> str:
+        """The commit(s) of final/ its results measured (a row may span two calls)."""
+        found = {str(r.versions.get("git_commit", "?"))[:7] for r in self.results.values()}
+        return ", ".join(f"`{c}`" for c in sorted(found))
 
     def prefill_speeds(self) -> dict[int, float]:
         result = self.results.get("prefill")
@@ -191,12 +200,14 @@ def render(results: list[Result], plot_link: str) -> str:
                    *(("prefill", f"ttft_ms_{n}", f"TTFT {n} (ms)", False) for n in lengths[:1]),
                    *(("prefill", f"prefill_tok_per_s_{n}", f"prefill {n} (tok/s)", True) for n in lengths)]  # fmt: skip
         best = {c[1]: _best([p.metric(c[0], c[1]) for p in pairs], c[3]) for c in columns}
-        out += [f"### {device}", "", "| `--attn` | " + " | ".join(c[2] for c in columns) + " |"]
-        out.append("| --- |" + " ---: |" * len(columns))
+        out += [f"### {device}", "", "| `--attn` | " + " | ".join(c[2] for c in columns) + " | commit |"]
+        out.append("| --- |" + " ---: |" * len(columns) + " --- |")
         for p in pairs:
             cells = [_cell(p.metric(c[0], c[1]), best[c[1]]) for c in columns]
-            out.append(f"| `{p.spec}` | " + " | ".join(cells) + " |")
+            out.append(f"| `{p.spec}` | " + " | ".join(cells) + f" | {p.commits()} |")
         out += ["", verdict(pairs), ""]
+        if len({p.commits() for p in pairs}) > 1:
+            out += [COMMITS_DIFFER, ""]
     settings = [r.config for ps in by_device.values() for p in ps for r in p.results.values()]
     pages = ", ".join(sorted({str(c.get("page_size", "auto")) for c in settings}))
     prompts = ", ".join(sorted({str(c["per_length"]) for c in settings if "per_length" in c}))

@@ -135,3 +135,17 @@ def test_auto_cites_the_measured_gpus_and_agrees_with_their_winners():
         folder = device.lower()
         assert f"benchmarks/results/{folder}/attn_" in source, f"AUTO does not cite the {device} results"
         assert "which agrees" in ra.verdict(pairs), f"{device}: {ra.verdict(pairs)}"
+
+
+def test_each_row_names_the_commit_it_measured_and_a_mixed_table_says_so():
+    data = attn_results()
+    for d in data:
+        commit = "bbbbbbb1111" if d["name"].endswith(("fi-fa_h200", "fa-fi_h200")) else "aaaaaaa0000"
+        d["versions"] = dict(d["versions"], git_commit=commit)
+    text = ra.render(parsed(data), "plot.png")
+    row = next(line for line in text.splitlines() if line.startswith("| `fi,fa` |"))
+    assert row.endswith("| `bbbbbbb` |")
+    assert next(line for line in text.splitlines() if line.startswith("| `fi` |")).endswith("| `aaaaaaa` |")
+    assert ra.COMMITS_DIFFER in text
+    one = [dict(d, versions=dict(d["versions"], git_commit="aaaaaaa0000")) for d in data]
+    assert ra.COMMITS_DIFFER not in ra.render(parsed(one), "plot.png")
