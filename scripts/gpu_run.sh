@@ -62,7 +62,8 @@
 #   online-policy issue 27's call: final/'s server under --chunk-policy mixed (the default, named as
 #                 bench-final-online names it) and prefill-first, and Mini-SGLang's server, one after
 #                 the other at ONLINE_RATES (default 8,32,64,inf), ONLINE_REQUESTS (default 256) each,
-#                 with final/'s per-token engine timestamps (the engine/frontend split, burst shares);
+#                 with final/'s per-token engine timestamps (the engine/frontend split, burst shares)
+#                 and its engine's step trace: logs/steps_<name>.jsonl.gz, logs/bursts_<name>.json;
 #                 about 2 minutes a server on an H200 with the FlashInfer cache carried (80 s of
 #                 requests: 256 at 8/s alone take 32 s), 7 minutes with `ckpt`: under the 10-minute
 #                 limit; each server's results are packed into $OUT/partial-online.tar as soon as they exist
@@ -287,10 +288,16 @@ run_step() {
     online-policy)
       local rates=${ONLINE_RATES:-8,32,64,inf} n=${ONLINE_REQUESTS:-256} status=0
       online() {  # NAME ENGINE [ARGS...]: one server, every rate; its results kept at once
-        local name=$1 engine=$2
+        local name=$1 engine=$2 trace=$out/logs/steps_$1.jsonl
         shift 2
-        $py -m scripts.bench_server_online --engine "$engine" --model $ckpt --out-dir $results --name "$name" \
-          --rates "$rates" --num-requests "$n" "$@" || status=1
+        # final/'s engine writes its step trace (final/runtime/step_trace.py; Mini-SGLang ignores
+        # the variable), and the report says what each rate's bursts came after.
+        FINAL_STEP_TRACE=$trace $py -m scripts.bench_server_online --engine "$engine" --model $ckpt \
+          --out-dir $results --name "$name" --rates "$rates" --num-requests "$n" "$@" || status=1
+        if [ -s "$trace" ]; then
+          $py -m scripts.step_trace_report "$trace" --labels "$rates" --json "$out/logs/bursts_$name.json" || true
+          gzip -f "$trace"
+        fi
         keep_partial online
         return 0
       }

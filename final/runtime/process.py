@@ -52,6 +52,7 @@ from .build import build_engine
 from .heartbeat import Heartbeat, Pulse
 from .lifeline import EngineExit, Inbox, Outbox, ParentWatch, die_with_parent
 from .ranks import FAILED_EXIT_CODE as ENGINE_FAILED_EXIT  # a lost tensor-parallel rank
+from .step_trace import install_from_env
 
 log = logging.getLogger(__name__)
 
@@ -176,12 +177,15 @@ def engine_main(
         Heartbeat(pulse).start()  # a daemon thread: it ends with the process
     freeze_startup_heap("engine")  # the model, its graphs, the pool: never garbage (core/heap.py)
     ready.put(("ready", core.info()))
+    trace = install_from_env(core)  # FINAL_STEP_TRACE: a benchmark's per-step log (step_trace.py)
     try:
         serve(core, requests, outputs, parent, pulse)
     except EngineExit as reason:
         log.info("engine exiting: %s", reason)
     finally:
         core.close()  # the tensor-parallel ranks (none at --tp 1)
+        if trace is not None:
+            trace.close()
         requests.close(linger=0)
         outputs.close(linger=1000)
         ctx.term()

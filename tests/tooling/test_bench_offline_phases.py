@@ -30,6 +30,10 @@ def test_steps_fall_in_their_phase_and_sum_to_the_run():
     assert out["prefill_prompt_tokens"] == 5000 and out["output_tok_per_s"] == pytest.approx(46 / 1.1)
     assert out["tail_step_ms_mean"] == pytest.approx(50.0)
     assert out["tail_launch_ms_mean"] == pytest.approx(5.0) and out["decode_launch_ms_mean"] == 0.0
+    # The first step (the run's start in its interval) apart from the steady prefill steps.
+    assert out["prefill_first_step_ms"] == pytest.approx(500.0)
+    assert out["prefill_rest_step_ms_mean"] == pytest.approx(300.0)
+    assert "prefill_first_step_ms" not in phases(steps[2:], full_share=0.9)  # no prefill step at all
 
 
 def test_a_cpu_run_accounts_for_every_token_of_the_workload(tiny_qwen3_dir, tmp_path):
@@ -52,3 +56,7 @@ def test_a_cpu_run_accounts_for_every_token_of_the_workload(tiny_qwen3_dir, tmp_
         0 < m["prefill_launch_ms_mean"] <= m["prefill_step_ms_mean"] * 1.5
     )  # measured, and of the step's size
     assert result["workload"] == "offline-phases" and result["config"]["num_requests"] == len(items)
+    detail = result["prefill_steps"]  # one entry per prefill step, in order
+    assert len(detail) == m["prefill_steps"]
+    assert sum(d["prompt_tokens"] for d in detail) == m["prefill_prompt_tokens"]
+    assert sum(d["ms"] for d in detail) == pytest.approx(1e3 * m["prefill_s"])
