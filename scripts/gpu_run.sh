@@ -180,12 +180,15 @@ run_step() {
       local into parts
       into=$(dirname $FLASHINFER_WORKSPACE_BASE)
       parts=$(ls /tmp/fiws-parts/fiws.tar.* 2>/dev/null | sort -t. -k3 -n)
-      if [ -n "$parts" ]; then cat $parts | tar -C "$into" -m -xf -
-      elif [ -f .fiws-cache/slim.tar ]; then tar -C "$into" -m -xf .fiws-cache/slim.tar
+      # The cache's files keep the times they were built at (no `tar -m`): with -m each file is
+      # dated by when it came out of the archive, and a module whose .so comes before its objects
+      # in the archive (norm, rope, sampling, ... : ten of them in session 10's log) looks older
+      # than its inputs, so ninja links it again in every session.
+      if [ -n "$parts" ]; then cat $parts | tar -C "$into" -xf -
+      elif [ -f .fiws-cache/slim.tar ]; then tar -C "$into" -xf .fiws-cache/slim.tar
       else echo "no FlashInfer cache carried: every kernel compiles on first use"; fi
-      # And the kit's files dated long ago: ninja may judge by the times its log recorded at the
-      # build, not by the files' own, and the kit was installed minutes ago (session 8: dating
-      # the cache alone still left 146 s of compiling).
+      # And the kit's files (the headers and sources the modules were built from) dated before
+      # the cache: the kit was installed minutes ago, which would make every module look stale.
       [ -d /tmp/site ] && find /tmp/site -type f -exec touch -h -d 2000-01-01 {} +
       du -sh "$FLASHINFER_WORKSPACE_BASE" 2>/dev/null ;;
     fi-warmup) $py -m scripts.flashinfer_warmup ${FI_WARMUP_FP8:+--fp8} ;;
