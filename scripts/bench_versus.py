@@ -106,8 +106,13 @@ def assemble(
             "final": mine,
             "mini-sglang": theirs,
         }
-        if theirs is not None:
-            row["gpu_us_ratio"] = ratio(mine["gpu_us_per_step"], theirs["gpu_us_per_step"], False)
+        if theirs is not None:  # the busy times where both tables have them (kernel_table.py)
+            key = (
+                "busy_us_per_step"
+                if "busy_us_per_step" in mine and "busy_us_per_step" in theirs
+                else "gpu_us_per_step"
+            )
+            row["gpu_us_ratio"] = ratio(mine[key], theirs[key], False)
         key = (mine["batch"], mine["temperature"])
         before = [t for t in kernels.get(BASE, []) if (t["batch"], t["temperature"]) == key]
         if before:  # the older final/ of --base: the kernel table before the change
@@ -131,8 +136,12 @@ def flat_metrics(out: dict[str, Any]) -> dict[str, float]:
     for row in out.get("kernels", []):
         case = f"kernels_b{row['batch']}_t{round(10 * row['temperature']):02d}"  # t06: temperature 0.6
         metrics[f"{case}_final_us"] = row["final"]["gpu_us_per_step"]
+        if "busy_us_per_step" in row["final"]:  # each overlapped stretch once (kernel_table.py)
+            metrics[f"{case}_final_busy_us"] = row["final"]["busy_us_per_step"]
         if row["mini-sglang"] is not None:
             metrics[f"{case}_minisgl_us"] = row["mini-sglang"]["gpu_us_per_step"]
+            if "busy_us_per_step" in row["mini-sglang"]:
+                metrics[f"{case}_minisgl_busy_us"] = row["mini-sglang"]["busy_us_per_step"]
             metrics[f"{case}_ratio"] = row["gpu_us_ratio"]
         if "final-base" in row:
             metrics[f"{case}_base_us"] = row["final-base"]["gpu_us_per_step"]

@@ -47,8 +47,8 @@ def cell(table: dict[str, Any] | None, category: str | None) -> str:
     if table is None:
         return "—"
     by = table["by_category_us"]
-    if category is None:
-        return us(table["gpu_us_per_step"])
+    if category is None:  # the busy time (each overlapped stretch once) where the table has it
+        return us(table.get("busy_us_per_step", table["gpu_us_per_step"]))
     if category == "+".join(COMBINED):
         return us(sum(by.get(c, 0.0) for c in COMBINED))
     return us(by.get(category, 0.0))
@@ -71,7 +71,9 @@ def render_gpu(gpu: str, data: dict[str, Any]) -> list[str]:
     out.append("| kernels a step | " + " | ".join(kernels) + " |")
     when = data.get("timestamp", "")[:10]
     commit = data.get("versions", {}).get("git_commit", "?")
-    out += ["", f"`{data['name']}`, {when}, commit `{commit}`, run `{data.get('run_id', '?')}`.", ""]
+    busy = all("busy_us_per_step" in row[k] for row in rows for k, _ in engines if row.get(k))
+    how = "each overlapped stretch counted once" if busy else "kernel durations summed (overlaps twice)"
+    out += ["", f"`{data['name']}`, {when}, commit `{commit}`, run `{data.get('run_id', '?')}`; {how}.", ""]
     return out
 
 
@@ -87,6 +89,10 @@ def render(results_dir: Path) -> str:
         "GPU microseconds of one decode step (512-token prompts in the prefix cache; the difference of "
         "a 1-token and a 17-token call, over 16 steps), from the torch profiler. final/'s fused "
         "q/k-norm + RoPE + K/V write is one kernel, counted under kv-store; Mini-SGLang's three "
-        "count under norm, rope and kv-store: the combined row compares them."
+        "count under norm, rope and kv-store: the combined row compares them. A table "
+        "that counts overlapped stretches once (scripts/kernel_table.py) gives a stretch of GPU time in "
+        "which two kernels ran (a kernel launched with programmatic dependent launch waits while its "
+        "predecessor finishes) to the kernel that started first, and its total is the GPU's busy time; "
+        "an older table sums the kernels' durations."
     )
     return "\n".join(out) + "\n"

@@ -48,6 +48,17 @@ def test_ratios_say_final_is_ahead_above_one() -> None:
     assert metrics["kernels_b1_t00_final_us"] == 1500.0 and metrics["kernels_b1_t00_ratio"] == pytest.approx(
         1.2
     )
+    assert "kernels_b1_t00_final_busy_us" not in metrics  # an older table: no busy time
+    # Tables with the busy time (overlaps once): the ratio and the metrics read it.
+    kernels["final"][0]["busy_us_per_step"] = 1200.0
+    kernels["mini-sglang"][0]["busy_us_per_step"] = 1800.0
+    out = bench_versus.assemble(runs, kernels)
+    metrics = bench_versus.flat_metrics(out)
+    assert out["kernels"][0]["gpu_us_ratio"] == pytest.approx(1.5)
+    assert (
+        metrics["kernels_b1_t00_final_busy_us"] == 1200.0
+        and metrics["kernels_b1_t00_minisgl_busy_us"] == 1800.0
+    )
 
 
 @pytest.mark.slow

@@ -52,3 +52,18 @@ def test_without_a_base_there_is_no_before_column(tmp_path: Path) -> None:
         "batch 1, greedy: Mini-SGLang",
     ]
     assert "No kernel tables yet" in results_kernels.render(tmp_path / "empty")
+
+
+def test_the_total_is_the_busy_time_where_a_table_has_it(tmp_path: Path) -> None:
+    write_versus(tmp_path, with_base=False)
+    path = tmp_path / "h200" / "versus_minisgl_h200.json"
+    data = json.loads(path.read_text())
+    data["kernels"][0]["final"]["busy_us_per_step"] = 80.0  # overlapped kernels counted once
+    path.write_text(json.dumps(data))
+    page = results_kernels.render(tmp_path)
+    assert rows(page)["**total, GPU µs a step**"] == ["80.0", "100.0"]
+    assert "kernel durations summed" in page  # Mini-SGLang's table of that call has no busy time
+    data["kernels"][0]["mini-sglang"]["busy_us_per_step"] = 95.0
+    path.write_text(json.dumps(data))
+    page = results_kernels.render(tmp_path)
+    assert rows(page)["**total, GPU µs a step**"] == ["80.0", "95.0"] and "counted once" in page
