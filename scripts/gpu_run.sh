@@ -46,6 +46,9 @@
 #                 minute), into final_offline_phases_<gpu>.json: where the H100's offline gap is
 #   pdl-ab        final/'s batch-1 step (latency workload, 3 runs) with programmatic dependent launch
 #                 and with FINAL_PDL=0, in one call: final_latency_pdl1_<gpu>.json, _pdl0_
+#   prefill-host  per backend (ATTN_SPECS, default "fi fa"), the host's launch time of a batch-1 prefill
+#                 at 512, 2048, 8192 tokens against the whole prefill (scripts/bench_prefill_host.py), into
+#                 logs/prefill_host.json: a slower first token from the kernels or from the host (issue 26)
 #   prefill-kernels  the GPU kernels of one prefill of 32 fresh 512-token prompts, final/ and Mini-SGLang
 #                 (scripts/kernel_table.py --prefill-prompts; needs .peers), into logs/prefill_kernels_*.json
 #   test-stage07  stage 07's GPU tests (TP=2, and TP=4 on 4 GPUs, against TP=1; a killed rank)
@@ -375,6 +378,8 @@ run_step() {
     host-step) $py -m scripts.bench_host_step --steps 200 --json "$out/logs/host_step.json" ;;
     graph-launch) $py -m scripts.bench_graph_launch --model $ckpt --batch 1 64 --out-dir $results ;;
     offline-phases) $py -m scripts.bench_offline_phases --model $ckpt --out-dir $results ;;
+    prefill-host)  # the host's share of a batch-1 prefill per backend (issue 26), into logs/ (needs the fa kit for fa)
+      $py -m scripts.bench_prefill_host --model $ckpt --attn ${ATTN_SPECS:-fi fa} --out-dir "$out/logs" ;;
     pdl-ab)  # the batch-1 step with programmatic dependent launch (final/kernels/gemv.py) and without, one call
       for pdl in 1 0; do
         FINAL_PDL=$pdl bench --engine final --workload latency --repeats 3 --engine-arg attn=fi \

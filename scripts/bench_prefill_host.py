@@ -1,0 +1,88 @@
+"""The host's share of a batch-1 prefill, per attention backend: is a slower first token the
+kernels' or the host's launching them? (issue 26: FlashAttention 4's prefill trails FlashInfer's
+at 512 and 2,048 tokens on an H100 and leads at 8,192.)
+
+    python -m scripts.bench_prefill_host --model checkpoints/qwen3-0.6b-random --attn fi fa --out-dir $OUT/logs
+
+For each backend, one engine; per prompt length, `--repeats` fresh prompts asked for one token,
+one at a time, after a warm-up prompt of that length. Each is one prefill step, timed as
+scripts/bench_offline_phases.py times steps: `launch_ms`, the host's time inside
+`EngineCore.launch` (the eager forward: every kernel and library call queued), and `step_ms`,
+from just before the request was added to its token on the host (the engine's first-token time). A prefill runs eagerly and the
+GPU follows the host, so where `launch_ms` is most of `step_ms` the host sets the pace, and a
+backend whose launch is longer by as much as its step is has a host cost, not a kernel cost.
+Medians; one JSON for all backends (not a results file: a diagnosis for the logs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def measure(
+    model: Path, attn: str, device: str, lengths: list[int], repeats: int, seed: int
+) -> dict[str, Any]:
+    import final
+    from scripts.bench_offline_phases import recording
+
+    cpu = device == "cpu"
+    llm = final.LLM(
+        str(model), device=device, dtype="float32" if cpu else "bfloat16", attn=attn, page_size=16
+    )
+    vocab = llm.config.vocab_size
+    rng = random.Random(seed)
+    params = final.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+
+    def prompt(n: int) -> dict[str, list[int]]:
+        return {"prompt_token_ids": [rng.randrange(3, vocab - 1) for _ in range(n)]}
+
+    out: dict[str, Any] = {}
+    for n in lengths:
+        llm.generate([prompt(n)], params, progress=False)  # warm-up: a first use at this size
+        launch, step = [], []
+        for _ in range(repeats):
+            with recording(llm.core) as steps:  # a step's time runs from here to its collect
+                llm.generate([prompt(n)], params, progress=False)
+            (only,) = [s for s in steps if s.prompt_tokens]  # fresh prompts: one prefill step each
+            launch.append(1e3 * only.launch_seconds)
+            step.append(1e3 * only.seconds)
+        out[str(n)] = {"launch_ms": statistics.median(launch), "step_ms": statistics.median(step)}
+        print(f"[prefill_host] {attn:10s} {n:6d} tokens: launch {out[str(n)]['launch_ms']:7.2f} ms of a "
+              f"{out[str(n)]['step_ms']:7.2f} ms prefill", flush=True)  # fmt: skip
+    llm.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, default=Path("checkpoints/qwen3-0.6b-random"))
+    parser.add_argument("--attn", nargs="+", default=["fi", "fa"])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    found = {
+        attn: measure(args.model, attn, args.device, args.tokens, args.repeats, args.seed)
+        for attn in args.attn
+    }
+    if args.out_dir:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        path = args.out_dir / "prefill_host.json"
+        path.write_text(
+            json.dumps({"tokens": args.tokens, "repeats": args.repeats, "by_attn": found}, indent=1)
+        )
+        print(f"-> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
