@@ -84,6 +84,7 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("docs/serving/performance.md", "1.05× the goal requires on both GPUs", GOAL),
     ("docs/serving/performance.md", "under the 1.05× asked", GOAL),
     ("docs/serving/performance.md", "at the 5% line at 32", GOAL),
+    ("docs/serving/performance.md", "under the 5% line at 8", GOAL + " (issue 27)"),
     ("docs/serving/kv_fp8.md", "2^-8 (0.4%) | 2^-4 (6.25%)", "the formats' rounding, arithmetic on their bit counts"),
     ("docs/serving/kv_fp8.md", "at most half a step: 6.25% of its size", "E4M3's rounding, from its 3 mantissa bits"),
     ("docs/serving/kv_fp8.md", "far below 6.25% of its size", "E4M3's rounding, from its 3 mantissa bits"),
