@@ -107,10 +107,7 @@ def recording(core: Any) -> Iterator[list[StepRecord]]:
     last = [time.perf_counter()]
 
     def timed_launch(batch: Any, *between_layers: Any) -> Any:
-        decode_rows = sum(1 for req in batch.requests if req.is_decoding)
-        prompt_tokens = sum(
-            q for req, q in zip(batch.requests, batch.query_lens, strict=True) if not req.is_decoding
-        )
+        prompt_tokens, decode_rows = batch.load()
         start = time.perf_counter()
         handle = launch(batch, *between_layers)
         carried[id(handle)] = (prompt_tokens, decode_rows, time.perf_counter() - start)

@@ -203,9 +203,16 @@ def serve(
     outbox = Outbox(outputs, inbox, parent)
     poller = zmq.Poller()
     poller.register(requests, zmq.POLLIN)
+
+    def publish(
+        deltas: list[RequestDelta],
+    ) -> None:  # one message a step: its tokens as arrays (engine/wire.py)
+        if deltas:
+            outbox.send_frames(step_frames(core, deltas))
+
     # A step in flight whose tokens are ready while the host launches an eager step goes out at once
     # (engine/delivery.py), not after the launch: its own message, with its own stamp.
-    core.publish = lambda deltas: outbox.send_frames(step_frames(core, deltas)) if deltas else None
+    core.publish = publish
     while True:
         # Block only when idle; with work to do, take whatever has arrived and go on.
         if not inbox.backlog and not dict(poller.poll(0 if core.has_work() else IDLE_POLL_MS)):
@@ -241,8 +248,7 @@ def serve(
                 deltas += failed
             if parent.gone():
                 raise EngineExit("the frontend is gone")
-        if deltas:  # one message a step: its tokens as arrays (engine/wire.py)
-            outbox.send_frames(step_frames(core, deltas))
+        publish(deltas)
 
 
 def step_frames(core: EngineCore, deltas: list[RequestDelta]) -> list[Any]:

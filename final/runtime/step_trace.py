@@ -37,10 +37,7 @@ class StepTrace:
         launch, collect = core.launch, core.collect
 
         def traced_launch(batch: Any, between_layers: Callable[[], None] | None = None) -> StepHandle:
-            prompt = sum(
-                q for req, q in zip(batch.requests, batch.query_lens, strict=True) if not req.is_decoding
-            )
-            decodes = sum(1 for req in batch.requests if req.is_decoding)
+            prompt, decodes = batch.load()
             t0 = time.monotonic()
             handle = launch(batch, between_layers)
             self.write(ev="launch", t0=t0, t1=time.monotonic(), prompt=prompt, decodes=decodes,

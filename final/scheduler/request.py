@@ -89,6 +89,13 @@ class ScheduledBatch:
     query_lens: list[int]
     sampled: list[bool]  # whether the step reaches the request's last token (a cut prompt does not)
 
+    def load(self) -> tuple[int, int]:
+        """The prompt tokens this step computes and the requests it decodes (read before `launch`,
+        which moves the requests on): what a step trace records of it."""
+        decoding = [req.is_decoding for req in self.requests]
+        prompt = sum(q for q, dec in zip(self.query_lens, decoding, strict=True) if not dec)
+        return prompt, sum(decoding)
+
     def step_input(self) -> StepInput:
         rows: list[int] = []
         seq_lens: list[int] = []
