@@ -107,12 +107,12 @@ def assemble(
             "mini-sglang": theirs,
         }
         if theirs is not None:  # the busy times where both tables have them (kernel_table.py)
-            key = (
+            total = (
                 "busy_us_per_step"
                 if "busy_us_per_step" in mine and "busy_us_per_step" in theirs
                 else "gpu_us_per_step"
             )
-            row["gpu_us_ratio"] = ratio(mine[key], theirs[key], False)
+            row["gpu_us_ratio"] = ratio(mine[total], theirs[total], False)
         key = (mine["batch"], mine["temperature"])
         before = [t for t in kernels.get(BASE, []) if (t["batch"], t["temperature"]) == key]
         if before:  # the older final/ of --base: the kernel table before the change
