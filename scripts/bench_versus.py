@@ -1,5 +1,7 @@
 """final/ against Mini-SGLang in one device call: the offline workload, the batch-1 decode step and
-the kernel table of a decode step, both engines measured by the same code, into one JSON.
+the kernel table of a decode step, both engines measured by the same code, into one JSON. final/
+runs as it serves (`--final-attn auto`), Mini-SGLang with FlashInfer (`--attn fi`, the backend its
+peer harness installs); `--final-attn fi` compares the two on the same attention kernels.
 
     PYTHONPATH=.peers/minisgl:$PYTHONPATH python -m scripts.bench_versus \
         --model checkpoints/qwen3-0.6b-random --out benchmarks/results/h200 --gpu h200 --repeats 3
@@ -7,7 +9,8 @@ the kernel table of a decode step, both engines measured by the same code, into 
 Each measurement runs in a fresh process (scripts/bench_peer.py for the offline workload and the
 batch-1 step, scripts/kernel_table.py for the kernels); the engines alternate, final/ then
 Mini-SGLang, repeat after repeat, so a drift of the machine falls on both. The figures are the
-medians over the repeats. The result, `versus_minisgl_<gpu>.json`, holds both engines' figures,
+medians over the repeats. The result, `versus_minisgl_<gpu>.json` (`versus_minisgl_fi_<gpu>.json` with
+`--final-attn fi`), holds both engines' figures,
 every repeat, the commit, the call's run id and each ratio, written so that a ratio above 1 always
 means final/ is ahead (throughput: final / peer; step time: peer / final).
 
@@ -57,9 +60,16 @@ def peer_run(engine: str, workload: str, args: argparse.Namespace, tmp: Path) ->
     # --scale shrinks the offline workload only: the batch-1 step is a difference of two calls,
     # which needs its full 128 tokens.
     scale = args.scale if workload == "offline" else 1.0
-    cmd += ["--model", str(args.model), "--attn", args.attn, "--scale", str(scale)]
+    attn = args.attn if engine == "mini-sglang" else args.final_attn
+    cmd += ["--model", str(args.model), "--attn", attn, "--scale", str(scale)]
     run(cmd + ["--out", str(tmp), "--name", name])
     return json.loads((tmp / f"{name}.json").read_text())
+
+
+def result_name(args: argparse.Namespace) -> str:
+    """versus_minisgl_<gpu>, or with final/'s backend in it where that is not auto's."""
+    tag = "" if args.final_attn == "auto" else args.final_attn.replace(",", "-") + "_"
+    return f"versus_minisgl_{tag}{args.gpu}"
 
 
 def ratio(final: float, peer: float, higher_is_better: bool) -> float:
@@ -158,7 +168,15 @@ def main(argv: list[str] | None = None) -> None:
         "--out", type=Path, required=True, help="results folder, e.g. benchmarks/results/h200"
     )
     parser.add_argument("--gpu", required=True, help="the GPU's tag in file names, e.g. h200")
-    parser.add_argument("--attn", default="fi")
+    parser.add_argument(
+        "--attn", default="fi", help="Mini-SGLang's attention backend (its fi needs no sgl-kernel)"
+    )
+    parser.add_argument(
+        "--final-attn",
+        default="auto",
+        help="final/'s --attn: auto, what it serves with (on Hopper FlashInfer's prefill and FlashAttention "
+        "4's decode where installed); fi for kernel-for-kernel parity with Mini-SGLang's fi",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0, help="the workloads' scale (CPU smoke runs)")
     parser.add_argument("--workloads", nargs="+", default=list(MEASURES), choices=list(MEASURES))
@@ -191,18 +209,20 @@ def main(argv: list[str] | None = None) -> None:
                     "--model",
                     str(args.model),
                 ]
-                cmd += ["--attn", args.attn, "--batch", *map(str, args.kernel_batches)]
+                attn = args.attn if engine == "mini-sglang" else args.final_attn
+                cmd += ["--attn", attn, "--batch", *map(str, args.kernel_batches)]
                 cmd += ["--temperature", *map(str, args.kernel_temperatures), "--json", str(path)]
                 run(cmd)
                 kernels[engine] = json.loads(path.read_text())
     first = next(r for e in ENGINES for w in args.workloads for r in runs[e][w])
     result: dict[str, Any] = {
-        "name": f"versus_minisgl_{args.gpu}",
+        "name": result_name(args),
         "stage": "versus",
         "workload": "versus",
         "config": {
             "model": args.model.name,
-            "attn": args.attn,
+            "attn": args.attn,  # Mini-SGLang's
+            "final_attn": args.final_attn,
             "repeats": args.repeats,
             "scale": args.scale,
             "final_page_size": 16,

@@ -90,7 +90,9 @@
 #   versus        final/ against Mini-SGLang in one call, both measured by the same code: the offline
 #                 workload and the batch-1 decode step (VERSUS_REPEATS, default 3, alternating the
 #                 engines) and the kernel table of a decode step at batch 1 and 256, greedy and 0.6
-#                 (scripts/bench_versus.py), into versus_minisgl_<gpu>.json with every ratio
+#                 (scripts/bench_versus.py), into versus_minisgl_<gpu>.json with every ratio; final/
+#                 at --attn auto as it serves (fi,fa on Hopper with the fa kit, fi without it),
+#                 Mini-SGLang at fi; VERSUS_FINAL_ATTN=fi: both on FlashInfer (versus_minisgl_fi_<gpu>.json)
 #   graph-launch  final/'s CUDA graph launches as it serves, without a profiler: the host's time in
 #                 each and the share that found the GPU drained (scripts/bench_graph_launch.py), batch
 #                 1 and 64, into final_graph_launch_<gpu>.json: is the batch-1 idle the launch? (needs ckpt)
@@ -371,7 +373,8 @@ run_step() {
       # VERSUS_BASE=<folder with an older final/> (e.g. .base: git archive <commit> final | tar -x -C .base)
       # measures that final/ too, in the same call: what the change since then bought.
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py -m scripts.bench_versus --model $ckpt --out $results \
-        --gpu $gpu --repeats "${VERSUS_REPEATS:-3}" ${VERSUS_BASE:+--base "$VERSUS_BASE"}
+        --gpu $gpu --repeats "${VERSUS_REPEATS:-3}" ${VERSUS_BASE:+--base "$VERSUS_BASE"} \
+        ${VERSUS_FINAL_ATTN:+--final-attn "$VERSUS_FINAL_ATTN"}
       ;;
     gc-freeze) $py -m scripts.bench_gc_freeze --model $ckpt --out-dir $results ;;
     api-cost) $py -m scripts.bench_api_cost --model $ckpt --tick-ms 5 --out-dir $results --name final_api_cost_$gpu ;;

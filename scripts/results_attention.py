@@ -9,7 +9,9 @@ GPU, this makes one table of the pairs, one plot, and the winners of each phase:
 
 - prefill: the highest geometric mean over the prompt lengths of prompt tokens per second (the
   median over the pairs that prefill with it: a prefill-only run measures one kernel);
-- decode: the shortest batch-1 decode step, per decode backend (the median over its pairs);
+- decode: per decode backend, the batch-1 decode step and the offline throughput (each the median
+  over the pairs it decodes in), weighed equally: the geometric mean of each against the best
+  backend's (a decode backend serves the lone user and the full batch; neither alone decides);
 - offline: the pair with the highest output throughput, both phases together.
 
 The winners are set beside what `auto` picks there: the first candidates of the descriptors'
@@ -108,7 +110,8 @@ class Winners:
     """Each phase's candidates with their score, the best first."""
 
     prefill: list[tuple[str, float]]  # backend, geometric mean of prompt tok/s
-    decode: list[tuple[str, float]]  # backend, batch-1 decode step in ms
+    decode: list[tuple[str, float]]  # backend, batch-1 decode step in ms; best decode score first
+    decode_offline: dict[str, float]  # backend, median offline tok/s of the pairs it decodes in
     offline: list[tuple[str, float]]  # pair, output tok/s
     lengths: list[int]  # the prompt lengths the prefill score averages
 
@@ -122,6 +125,7 @@ def winners(pairs: list[Pair]) -> Winners:
     lengths = common_lengths(pairs)
     prefill: dict[str, list[float]] = {}
     decode: dict[str, list[float]] = {}
+    decode_offline: dict[str, list[float]] = {}
     for p in pairs:
         speeds = p.prefill_speeds()
         if lengths and all(n in speeds for n in lengths):
@@ -130,13 +134,34 @@ def winners(pairs: list[Pair]) -> Winners:
             )
         if (step := p.metric("latency", "decode_step_ms")) is not None:
             decode.setdefault(p.decode_backend, []).append(step)
+        if (tok_s := p.metric("offline", "output_tok_per_s")) is not None:
+            decode_offline.setdefault(p.decode_backend, []).append(tok_s)
     offline = [(p.spec, v) for p in pairs if (v := p.metric("offline", "output_tok_per_s")) is not None]
     return Winners(
         prefill=sorted(((b, statistics.median(v)) for b, v in prefill.items()), key=lambda x: -x[1]),
-        decode=sorted(((b, statistics.median(v)) for b, v in decode.items()), key=lambda x: x[1]),
+        decode=decode_ranking(
+            {b: statistics.median(v) for b, v in decode.items()},
+            {b: statistics.median(v) for b, v in decode_offline.items()},
+        ),
+        decode_offline={b: statistics.median(v) for b, v in decode_offline.items()},
         offline=sorted(offline, key=lambda x: -x[1]),
         lengths=lengths,
     )
+
+
+def decode_ranking(steps: dict[str, float], offline: dict[str, float]) -> list[tuple[str, float]]:
+    """(backend, batch-1 step) by decode score, best first: the geometric mean of the backend's step
+    against the shortest and its offline tok/s against the highest (the step alone where a backend
+    has no offline run)."""
+    shortest, highest = min(steps.values(), default=1.0), max(offline.values(), default=1.0)
+
+    def score(backend: str) -> float:
+        parts = [shortest / steps[backend]]
+        if backend in offline:
+            parts.append(offline[backend] / highest)
+        return statistics.geometric_mean(parts)
+
+    return sorted(((b, steps[b]) for b in steps), key=lambda x: (-score(x[0]), x[1]))
 
 
 def capability_of(pairs: list[Pair]) -> int | None:
@@ -159,7 +184,9 @@ def verdict(pairs: list[Pair]) -> str:
             f"fastest prefill `{best[0]}` ({format_metric(w.prefill[0][1])} prompt tok/s, geometric mean over {lengths} tokens)"
         )
     if w.decode:
-        parts.append(f"fastest batch-1 decode `{best[1]}` ({format_metric(w.decode[0][1])} ms a step)")
+        offline = w.decode_offline.get(best[1])
+        over = f", {format_metric(offline)} tok/s offline over its pairs" if offline else ""
+        parts.append(f"best decode `{best[1]}` ({format_metric(w.decode[0][1])} ms a batch-1 step{over})")
     if w.offline:
         parts.append(f"best offline pair `{w.offline[0][0]}` ({format_metric(w.offline[0][1])} tok/s)")
     where = f"compute capability {major}.x" if major is not None else "this GPU"
@@ -308,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{device} (compute capability {capability_of(pairs)}.x)")
         print("  prefill, prompt tok/s (geomean over " + ", ".join(map(str, w.lengths)) + "): "
               + ", ".join(f"{b} {format_metric(v)}" for b, v in w.prefill))  # fmt: skip
-        print("  decode, batch-1 step ms: " + ", ".join(f"{b} {format_metric(v)}" for b, v in w.decode))
+        print("  decode, batch-1 step ms (offline tok/s), best score first: " + ", ".join(
+            f"{b} {format_metric(v)} ({format_metric(w.decode_offline.get(b, 0))})" for b, v in w.decode))  # fmt: skip
         print("  offline pairs, output tok/s: " + ", ".join(f"{s} {format_metric(v)}" for s, v in w.offline))
         order = (tuple(b for b, _ in w.prefill), tuple(b for b, _ in w.decode))
         print(f"  auto order from these numbers, compute capability {capability_of(pairs)}: {order}")

@@ -72,10 +72,9 @@ def resolve_attention(
     libraries = [setup.library(name, phase) for name, phase in zip(names, PHASES, strict=True)]
     chosen = _page_size(names, libraries, page_size)
     if page_size is None and chosen != 1 and probe_gpu:
-        takes = next(lib for lib in libraries if lib is not None and not lib.takes_page_size(1))
-        log.info(
-            "page size %d: %s takes %s (set --page-size to choose)", chosen, takes.name, takes.page_rule()
-        )
+        prefers = next(lib for lib in libraries if lib is not None and lib.default_page_size == chosen)
+        rule = "" if prefers.takes_page_size(1) else f"; it takes {prefers.page_rule()}"
+        log.info("page size %d, %s's choice%s (set --page-size to choose)", chosen, prefers.name, rule)
     return AttentionChoice(names[0], names[1], chosen, libraries[0], libraries[1])
 
 
@@ -137,9 +136,11 @@ def _first(
 
 
 def _common_page_size(libraries: list[Library | None]) -> int | None:
-    """The smallest of the libraries' preferred page sizes (and 1) that all of them take."""
+    """The largest page size some library prefers (1: no preference) that all of them take, else 1
+    if all take it: fi and fa together run fa's 16, fa and trtllm trtllm's 64."""
     present = [lib for lib in libraries if lib is not None]
-    for size in sorted({1, *(lib.default_page_size for lib in present)}):
+    preferred = sorted({lib.default_page_size for lib in present} - {1}, reverse=True)
+    for size in [*preferred, 1]:
         if all(lib.takes_page_size(size) for lib in present):
             return size
     return None

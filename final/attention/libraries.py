@@ -36,6 +36,8 @@ FLASH_ATTENTION_4 = Library(
     (9, 10, 11),
     (9, 10, 11),
     HOPPER_AND_BLACKWELL,
+    # Any size runs; 16 is the one its GPU results were measured at (bench-attn, every pair).
+    default_page_size=16,
     head_dims=FLASH_HEAD_DIMS,
     head_dims_on=tuple(
         (major, HeadDims("8-128 (multiples of 8) or 256", sizes=(256,), low=8, high=128, multiple=8))

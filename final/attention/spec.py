@@ -72,11 +72,16 @@ class Library:
 @dataclass(frozen=True)
 class Auto:
     """Where `--attn auto` may pick a backend: per phase the compute-capability majors (ANY_GPU:
-    wherever its library runs), and its rank among the candidates there (lower first)."""
+    wherever its library runs), and its rank among the candidates there (lower first): `rank` for
+    both phases, or `decode_rank` for decode where the benchmarks order that phase differently."""
 
     rank: int
     prefill: tuple[int, ...] | None = ANY_GPU
     decode: tuple[int, ...] | None = ANY_GPU
+    decode_rank: int | None = None
+
+    def rank_for(self, phase: str) -> int:
+        return self.decode_rank if phase == "decode" and self.decode_rank is not None else self.rank
 
     def considers(self, phase: str, major: int | None) -> bool:
         """`major` None: a GPU not known (the frontend) or not named by any backend."""

@@ -77,6 +77,7 @@ def test_a_cpu_run_gives_one_json_with_both_engines(tmp_path: Path) -> None:
     data = json.loads((out / "versus_minisgl_cpu.json").read_text())
     parse_result(data, "versus_minisgl_cpu.json")  # a result the docs can render
     assert data["run_id"] == "call-9" and data["config"]["repeats"] == 1
+    assert (data["config"]["attn"], data["config"]["final_attn"]) == ("torch", "auto")
     offline, latency = data["offline"], data["latency"]
     assert offline["ratio"] == pytest.approx(offline["final"] / offline["mini-sglang"])
     assert latency["ratio"] == pytest.approx(latency["mini-sglang"] / latency["final"])

@@ -53,8 +53,25 @@ def test_winners_per_phase():
     w = ra.winners(pairs)
     assert [b for b, _ in w.prefill] == ["fa", "fi"] and w.lengths == [512, 2048, 8192]
     assert w.prefill[0][1] == pytest.approx((24_000 * 70_000 * 100_000) ** (1 / 3))
-    assert [b for b, _ in w.decode] == ["trtllm", "fa", "fi"]
+    # Decode by step and offline together: fi's pairs (19,100 median) outweigh fa's shorter step.
+    assert [b for b, _ in w.decode] == ["trtllm", "fi", "fa"]
+    assert w.decode_offline == {"fi": 19_100, "fa": 18_250, "trtllm": 19_500}
     assert w.offline[0] == ("fa,trtllm", 19_900)
+
+
+def test_decode_weighs_the_batch_1_step_and_the_offline_throughput_equally():
+    # The H100's case: fa's step 1% longer, its pairs' offline throughput 3% higher: fa first.
+    assert [b for b, _ in ra.decode_ranking({"fi": 1.21, "fa": 1.22}, {"fi": 18_400, "fa": 18_935})] == [
+        "fa",
+        "fi",
+    ]
+    # A step 10% longer is not bought back by 3% more throughput.
+    assert [b for b, _ in ra.decode_ranking({"fi": 1.21, "fa": 1.34}, {"fi": 18_400, "fa": 18_935})] == [
+        "fi",
+        "fa",
+    ]
+    # Without offline runs the step decides.
+    assert [b for b, _ in ra.decode_ranking({"fi": 1.21, "fa": 1.22}, {})] == ["fi", "fa"]
 
 
 def test_the_verdict_sets_the_winners_beside_the_auto_table():
@@ -116,7 +133,7 @@ def test_the_command_prints_the_winners_and_an_auto_entry(tmp_path: Path, capsys
     assert ra.main([str(tmp_path / "benchmarks/results/h200")]) == 0
     out = capsys.readouterr().out
     assert (
-        "auto order from these numbers, compute capability 9: (('fa', 'fi'), ('trtllm', 'fa', 'fi'))" in out
+        "auto order from these numbers, compute capability 9: (('fa', 'fi'), ('trtllm', 'fi', 'fa'))" in out
     )
     (tmp_path / "empty").mkdir()
     assert ra.main([str(tmp_path / "empty")]) == 1

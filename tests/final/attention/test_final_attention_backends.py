@@ -59,13 +59,14 @@ INTENDED_RANKS = {"trtllm": 0, "fa": 1, "fi": 2}
 
 
 def intend_auto(monkeypatch) -> None:
-    """The descriptors with the ranks the design intends once fa and trtllm are measured."""
+    """The descriptors with the ranks the design intended before fa and trtllm were measured (one
+    rank for both phases, fa never decoding): the candidate logic's tests, apart from the table."""
     for name, rank in INTENDED_RANKS.items():
         spec = registry.BACKENDS[name]
         assert spec.auto is not None
-        monkeypatch.setitem(
-            registry.BACKENDS, name, dataclasses.replace(spec, auto=dataclasses.replace(spec.auto, rank=rank))
-        )
+        no_decode = {"decode": ()} if name == "fa" else {}
+        auto = dataclasses.replace(spec.auto, rank=rank, decode_rank=None, **no_decode)
+        monkeypatch.setitem(registry.BACKENDS, name, dataclasses.replace(spec, auto=auto))
 
 
 def resolve(spec, page_size=None, dtype=BF16, device="cuda"):
@@ -99,8 +100,11 @@ def test_trtllm_sets_its_page_size_when_none_was_chosen_and_says_so(monkeypatch,
     assert "page size 64" in caplog.text and "16, 32 or 64" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="final"):
-        assert resolve("fa").page_size == 1  # no constraint: the finest prefix reuse
+        assert resolve("fi").page_size == 1  # no preference: the finest prefix reuse
     assert "page size" not in caplog.text
+    with caplog.at_level(logging.INFO, logger="final"):
+        assert resolve("fa").page_size == resolve("fi,fa").page_size == 16  # what fa was measured at
+    assert "page size 16, FlashAttention 4's choice" in caplog.text
 
 
 @pytest.mark.parametrize("spec", ["trtllm", "trtllm,fi", "trtllm,torch"])
@@ -280,7 +284,7 @@ def test_auto_ships_the_table_s_first_candidates(monkeypatch, capability):
         (HOPPER, ("fa4", "flashinfer"), 16, ("fa", "trtllm", 16)),
         (HOPPER, ("fa4", "flashinfer"), 1, ("fa", "fi", 1)),  # trtllm does not take 1: FlashInfer
         (HOPPER, ("flashinfer",), None, ("fi", "trtllm", 64)),
-        (HOPPER, ("fa4",), None, ("fa", "torch", 1)),
+        (HOPPER, ("fa4",), None, ("fa", "torch", 16)),
         (HOPPER, ("fa2", "flashinfer"), None, ("fa", "fi", 256)),  # FA2's pages do not suit trtllm
         (HOPPER, (), None, ("torch", "torch", 1)),
         (BLACKWELL, ("fa4", "flashinfer"), None, ("trtllm", "trtllm", 64)),
@@ -301,9 +305,23 @@ def test_auto_skips_kernels_without_the_models_head_size(monkeypatch):
     intend_auto(monkeypatch)
     standins.install(monkeypatch, HOPPER, "fa4", "flashinfer", cpu_as_gpu=False)
     choice = resolve_attention("auto", "cuda", BF16, None, head_dim=96)
-    assert (choice.names, choice.page_size) == (("fa", "fi"), 1)  # trtllm: 64, 128 or 256 only
+    assert (choice.names, choice.page_size) == (("fa", "fi"), 16)  # trtllm: 64, 128 or 256 only
     with pytest.raises(UserError, match="head sizes 64, 128 or 256 only; this model's is 96"):
         resolve_attention("fa,trtllm", "cuda", BF16, None, head_dim=96)
+
+
+def test_auto_on_hopper_prefills_with_flashinfer_and_decodes_with_flash_attention(monkeypatch):
+    """The shipped table (registry.py cites the H100's results): fi's prefill, fa's decode at fa's
+    page size; FlashInfer alone without FlashAttention 4, and for an FP8 cache, which fa cannot read."""
+    standins.install(monkeypatch, HOPPER, "fa4", "flashinfer", cpu_as_gpu=False)
+    choice = resolve("auto")
+    assert (choice.prefill, choice.decode, choice.page_size) == ("fi", "fa", 16)
+    fp8 = resolve_attention("auto", "cuda", BF16, None, kv_dtype=torch.float8_e4m3fn)
+    assert (fp8.prefill, fp8.decode, fp8.page_size) == ("fi", "fi", 1)
+    standins.install(monkeypatch, HOPPER, "flashinfer", cpu_as_gpu=False)
+    assert resolve("auto").names == ("fi", "fi")
+    standins.install(monkeypatch, BLACKWELL, "fa4", "flashinfer", cpu_as_gpu=False)
+    assert resolve("auto").decode == "fi"  # fa's decode was measured on Hopper only
 
 
 def test_auto_is_torch_on_the_cpu_and_in_float32(monkeypatch):
