@@ -11,21 +11,27 @@ scripts/bench_offline_phases.py times steps: `launch_ms`, the host's time inside
 from just before the request was added to its token on the host (the engine's first-token time). A prefill runs eagerly and the
 GPU follows the host, so where `launch_ms` is most of `step_ms` the host sets the pace, and a
 backend whose launch is longer by as much as its step is has a host cost, not a kernel cost.
-Medians; one JSON for all backends (not a results file: a diagnosis for the logs).
+Medians; one JSON for all backends (not a results file: a diagnosis for the logs). `--profile`
+adds, per length, the Python calls with the most time of their own in one more prefill (cProfile:
+its overhead inflates every call, so read the ranking, not the milliseconds).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import random
 import statistics
 from pathlib import Path
 from typing import Any
 
+PROFILE_ROWS = 30
+
 
 def measure(
-    model: Path, attn: str, device: str, lengths: list[int], repeats: int, seed: int
+    model: Path, attn: str, device: str, lengths: list[int], repeats: int, seed: int, profile: bool = False
 ) -> dict[str, Any]:
     import final
     from scripts.bench_offline_phases import recording
@@ -52,10 +58,31 @@ def measure(
             launch.append(1e3 * only.launch_seconds)
             step.append(1e3 * only.seconds)
         out[str(n)] = {"launch_ms": statistics.median(launch), "step_ms": statistics.median(step)}
+        if profile:  # one more prompt under cProfile: which Python calls the launch spends its time in
+            profiler = cProfile.Profile()
+            profiler.enable()
+            llm.generate([prompt(n)], params, progress=False)
+            profiler.disable()
+            out[str(n)]["profile"] = top_calls(profiler)
         print(f"[prefill_host] {attn:10s} {n:6d} tokens: launch {out[str(n)]['launch_ms']:7.2f} ms of a "
               f"{out[str(n)]['step_ms']:7.2f} ms prefill", flush=True)  # fmt: skip
     llm.close()
     return out
+
+
+def top_calls(profiler: cProfile.Profile, count: int = PROFILE_ROWS) -> list[dict[str, Any]]:
+    """The calls with the most time of their own (tottime), as rows: where the host's time goes."""
+    stats = pstats.Stats(profiler)
+    rows = [
+        {
+            "call": f"{Path(file).name}:{line}({name})",
+            "calls": calls,
+            "own_ms": 1e3 * own,
+            "total_ms": 1e3 * total,
+        }
+        for (file, line, name), (_, calls, own, total, _) in stats.stats.items()  # type: ignore[attr-defined]
+    ]
+    return sorted(rows, key=lambda r: -r["own_ms"])[:count]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,14 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=None)
+    parser.add_argument("--name", default="prefill_host", help="the JSON's name in --out-dir")
+    parser.add_argument(
+        "--profile", action="store_true", help="add each length's top Python calls (cProfile)"
+    )
     args = parser.parse_args(argv)
     found = {
-        attn: measure(args.model, attn, args.device, args.tokens, args.repeats, args.seed)
+        attn: measure(args.model, attn, args.device, args.tokens, args.repeats, args.seed, args.profile)
         for attn in args.attn
     }
     if args.out_dir:
         args.out_dir.mkdir(parents=True, exist_ok=True)
-        path = args.out_dir / "prefill_host.json"
+        path = args.out_dir / f"{args.name}.json"
         path.write_text(
             json.dumps({"tokens": args.tokens, "repeats": args.repeats, "by_attn": found}, indent=1)
         )

@@ -10,9 +10,12 @@ from scripts.bench_prefill_host import main
 
 def test_each_length_has_its_launch_inside_its_prefill(tiny_qwen3_dir, tmp_path):
     assert main(["--model", str(tiny_qwen3_dir), "--attn", "torch", "--device", "cpu", "--tokens", "8", "40",
-                 "--repeats", "2", "--out-dir", str(tmp_path)]) == 0  # fmt: skip
+                 "--repeats", "2", "--out-dir", str(tmp_path), "--profile"]) == 0  # fmt: skip
     data = json.loads((tmp_path / "prefill_host.json").read_text())
     assert data["tokens"] == [8, 40] and set(data["by_attn"]) == {"torch"}
     for n in ("8", "40"):
         row = data["by_attn"]["torch"][n]
         assert 0 < row["launch_ms"] <= row["step_ms"]
+        calls = row["profile"]
+        assert 0 < len(calls) <= 30 and calls == sorted(calls, key=lambda c: -c["own_ms"])
+        assert any("forward" in c["call"] for c in calls)  # the model's layers are among them
