@@ -5,7 +5,8 @@ at 512 and 2,048 tokens on an H100 and leads at 8,192.)
     python -m scripts.bench_prefill_host --model checkpoints/qwen3-0.6b-random --attn fi fa --out-dir $OUT/logs
 
 For each backend, one engine; per prompt length, `--repeats` fresh prompts asked for one token,
-one at a time, after a warm-up prompt of that length. Each is one prefill step, timed as
+one at a time, after a warm-up prompt of that length (`--batch B`: B prompts at a time, one step,
+as the offline workload's first steps admit 32 at once). Each is one prefill step, timed as
 scripts/bench_offline_phases.py times steps: `launch_ms`, the host's time inside
 `EngineCore.launch` (the eager forward: every kernel and library call queued), and `step_ms`,
 from just before the request was added to its token on the host (the engine's first-token time). A prefill runs eagerly and the
@@ -31,37 +32,47 @@ PROFILE_ROWS = 30
 
 
 def measure(
-    model: Path, attn: str, device: str, lengths: list[int], repeats: int, seed: int, profile: bool = False
+    model: Path,
+    attn: str,
+    device: str,
+    lengths: list[int],
+    repeats: int,
+    seed: int,
+    profile: bool = False,
+    batch: int = 1,
 ) -> dict[str, Any]:
     import final
     from scripts.bench_offline_phases import recording
 
     cpu = device == "cpu"
-    llm = final.LLM(
-        str(model), device=device, dtype="float32" if cpu else "bfloat16", attn=attn, page_size=16
-    )
+    # A budget for the largest batch of prompts in one step (the offline workload's first steps).
+    budget = max(16384, batch * max(lengths))
+    llm = final.LLM(str(model), device=device, dtype="float32" if cpu else "bfloat16", attn=attn, page_size=16,
+                    max_prefill_length=budget)  # fmt: skip
     vocab = llm.config.vocab_size
     rng = random.Random(seed)
     params = final.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 
-    def prompt(n: int) -> dict[str, list[int]]:
-        return {"prompt_token_ids": [rng.randrange(3, vocab - 1) for _ in range(n)]}
+    def prompts(n: int) -> list[dict[str, list[int]]]:
+        return [{"prompt_token_ids": [rng.randrange(3, vocab - 1) for _ in range(n)]} for _ in range(batch)]
 
     out: dict[str, Any] = {}
     for n in lengths:
-        llm.generate([prompt(n)], params, progress=False)  # warm-up: a first use at this size
+        llm.generate(prompts(n), params, progress=False)  # warm-up: a first use at this size
         launch, step = [], []
         for _ in range(repeats):
+            fresh = prompts(n)
             with recording(llm.core) as steps:  # a step's time runs from here to its collect
-                llm.generate([prompt(n)], params, progress=False)
+                llm.generate(fresh, params, progress=False)
             (only,) = [s for s in steps if s.prompt_tokens]  # fresh prompts: one prefill step each
             launch.append(1e3 * only.launch_seconds)
             step.append(1e3 * only.seconds)
-        out[str(n)] = {"launch_ms": statistics.median(launch), "step_ms": statistics.median(step)}
+        out[str(n)] = {"launch_ms": statistics.median(launch), "step_ms": statistics.median(step),
+                       "prompt_tokens": only.prompt_tokens}  # fmt: skip
         if profile:  # one more prompt under cProfile: which Python calls the launch spends its time in
-            profiler = cProfile.Profile()
+            fresh, profiler = prompts(n), cProfile.Profile()
             profiler.enable()
-            llm.generate([prompt(n)], params, progress=False)
+            llm.generate(fresh, params, progress=False)
             profiler.disable()
             out[str(n)]["profile"] = top_calls(profiler)
         print(f"[prefill_host] {attn:10s} {n:6d} tokens: launch {out[str(n)]['launch_ms']:7.2f} ms of a "
@@ -94,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokens", type=int, nargs="+", default=[512, 2048, 8192])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--batch", type=int, default=1, help="prompts per step (32 x 512 tokens: an offline prefill step)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--name", default="prefill_host", help="the JSON's name in --out-dir")
@@ -102,14 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     found = {
-        attn: measure(args.model, attn, args.device, args.tokens, args.repeats, args.seed, args.profile)
+        attn: measure(
+            args.model, attn, args.device, args.tokens, args.repeats, args.seed, args.profile, args.batch
+        )
         for attn in args.attn
     }
     if args.out_dir:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         path = args.out_dir / f"{args.name}.json"
         path.write_text(
-            json.dumps({"tokens": args.tokens, "repeats": args.repeats, "by_attn": found}, indent=1)
+            json.dumps(
+                {"tokens": args.tokens, "batch": args.batch, "repeats": args.repeats, "by_attn": found},
+                indent=1,
+            )
         )
         print(f"-> {path}")
     return 0

@@ -19,3 +19,11 @@ def test_each_length_has_its_launch_inside_its_prefill(tiny_qwen3_dir, tmp_path)
         calls = row["profile"]
         assert 0 < len(calls) <= 30 and calls == sorted(calls, key=lambda c: -c["own_ms"])
         assert any("forward" in c["call"] for c in calls)  # the model's layers are among them
+
+
+def test_a_batch_of_prompts_is_one_prefill_step(tiny_qwen3_dir, tmp_path):
+    assert main(["--model", str(tiny_qwen3_dir), "--attn", "torch", "--device", "cpu", "--tokens", "24",
+                 "--repeats", "1", "--batch", "3", "--out-dir", str(tmp_path), "--name", "b3"]) == 0  # fmt: skip
+    data = json.loads((tmp_path / "b3.json").read_text())
+    row = data["by_attn"]["torch"]["24"]
+    assert data["batch"] == 3 and row["prompt_tokens"] == 3 * 24 and 0 < row["launch_ms"]
