@@ -22,14 +22,23 @@ ENGINES = (("final-base", "before"), ("final", "final/"), ("mini-sglang", "Mini-
 
 
 def versus_files(results_dir: Path) -> dict[str, dict[str, Any]]:
-    """GPU name (H200, ...) -> the newest versus result that has kernel tables."""
+    """GPU name (H200, ...) -> the versus result whose kernel tables this page shows: one where
+    final/ ran Mini-SGLang's attention backend (`--final-attn fi`, or a versus from before that
+    option, which ran fi), kernel for kernel, the newest of those; else the newest."""
     found: dict[str, dict[str, Any]] = {}
+
+    def rank(data: dict[str, Any]) -> tuple[bool, str]:
+        same_kernels = data.get("config", {}).get("final_attn", "fi") == data.get("config", {}).get(
+            "attn", "fi"
+        )
+        return same_kernels, data.get("timestamp", "")
+
     for path in sorted(results_dir.glob("*/versus_minisgl_*.json")):
         data = json.loads(path.read_text())
         if not data.get("kernels"):
             continue
         gpu = str(data.get("hardware", {}).get("gpu") or path.parent.name).replace("NVIDIA ", "")
-        if gpu not in found or data.get("timestamp", "") > found[gpu].get("timestamp", ""):
+        if gpu not in found or rank(data) > rank(found[gpu]):
             found[gpu] = data
     return dict(sorted(found.items()))
 

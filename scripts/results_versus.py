@@ -136,6 +136,9 @@ def as_served(result: Result) -> bool:
         and not config.get("disable_overlap")
         and int(config.get("tp", 1)) == 1
         and not config.get("server_args")  # a server started with other flags (--chunk-policy ...)
+        # bench_versus --final-attn fi: a kernel-for-kernel comparison, not final/'s default backends
+        # (a versus from before that option ran fi, which `auto` then picked: as served)
+        and config.get("final_attn", "auto") == "auto"
     )
 
 
@@ -189,12 +192,13 @@ def versus_pair(results: list[Result], measure: Measure, device: str) -> Pair | 
         r
         for r in results
         if r.stage == VERSUS_STAGE and device_of(r) == device and all(k in r.metrics for k in keys)
-        and measure.rate is None and float(r.config.get("scale", 1.0)) == 1.0
+        and measure.rate is None and as_served(r)
     ]  # fmt: skip
     if not found:
         return None
     r = max(found, key=lambda r: (r.timestamp, r.name))
-    settings = f"attn={r.config.get('attn')}, page_size={r.config.get('final_page_size')}"
+    attn = r.config.get("final_attn", r.config.get("attn"))  # final/'s backends (older files: one for both)
+    settings = f"attn={attn}, page_size={r.config.get('final_page_size')}"
     return Pair(r.metrics[keys[0]], r.metrics[keys[1]], (r.name,), settings, (dirty(r), False), r.timestamp)
 
 

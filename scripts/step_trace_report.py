@@ -18,7 +18,10 @@ burst at the engine. Each is put down to what came before its first collect:
     on time                       the first step's tokens were not ready when its collect began:
                                   the second step was short (a small step after a long one)
 
-and the launches' host time is summed up by kind, so a fix can be aimed.
+and the launches' host time is summed up by kind, so a fix can be aimed. `stream_burst_share_local`
+is the engine's side of issue 27's measure: the share of the streams' gaps (each step's gap counted
+once per stream that got a token across it) under half the decode step of the moment, the median
+of the LOCAL decode-only steps either side, since a load's batch, and its step, ramp up and down.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+LOCAL = 8  # steps either side of a gap whose decode steps set its line (as scripts/stream_metrics.py)
 CAUSES = (
     "late after an eager launch",
     "late after a graph launch",
@@ -74,6 +78,15 @@ def report(events: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             causes["late after an eager launch" if last["prompt"] else "late after a graph launch"] += 1
     bursts = sum(causes.values())
+    # Per stream, and against the decode step of the moment: each gap weighed by the streams that
+    # got a token across it, its line half the median decode-only gap of the LOCAL steps around it
+    # (the batch ramps up and down within a load, and the step with it).
+    weighed = under = 0
+    for j, (_, b, gap) in enumerate(gaps):
+        near = [g for _, bb, g in gaps[max(0, j - LOCAL) : j + LOCAL + 1] if bb["decode_only"]]
+        line = (statistics.median(near) if near else decode_step) / 2
+        weighed += b["sampled"]
+        under += b["sampled"] * (gap < line)
     eager = [1e3 * (e["t1"] - e["t0"]) for e in launches if e["prompt"]]
     graph = [1e3 * (e["t1"] - e["t0"]) for e in launches if not e["prompt"]]
     inside = sum(during(c) is not None for c in collects)  # early deliveries
@@ -82,6 +95,7 @@ def report(events: list[dict[str, Any]]) -> dict[str, Any]:
         "decode_step_ms_p50": decode_step,
         "bursts": bursts,
         "burst_share": bursts / len(gaps),
+        "stream_burst_share_local": under / weighed,
         "causes": {cause: causes[cause] for cause in CAUSES},
         "late_collect_share": sum(c["ready"] for c in collects) / len(collects),
         "delivered_during_a_launch": inside,

@@ -26,6 +26,11 @@ machine): a token's latency then splits into the engine's part and the frontend'
     burst_share_half_decode_step, engine_burst_share_decode_step, smooth_streams_share_decode_step
                      the three shares above against half of decode_step_ms_p50: issue 27's
                      criterion ("half the engine's decode step at that load")
+    burst_share_local_step, engine_burst_share_local_step, smooth_streams_share_local_step
+                     the same shares against half the engine's decode step at the moment of each
+                     gap: the median decode-only step of the LOCAL_STEPS steps either side. A load's
+                     batch ramps up and down, and its step with it; against one median for the
+                     whole load, the quick steps of a small batch count as bursts
     frontend_burst_share    share of gaps at the client under half the same two tokens' gap at
                      the engine: the bursts the frontend made (with timing only)
     server_burst_share      the same, with the times the server wrote the chunks: bursts the server
@@ -50,6 +55,7 @@ import statistics
 from dataclasses import dataclass, field
 
 SMOOTH_MAX_BURSTS = 0.05  # a stream is smooth with at most this share of its gaps in bursts
+LOCAL_STEPS = 8  # engine steps either side of a gap whose decode steps set its line (local_step_lines)
 
 
 @dataclass
@@ -148,6 +154,7 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
         if written:
             out["server_burst_share"] = sum(w < e / 2 for w, e in written) / len(written)
         out |= against_decode_step(streams, timed, engine_gaps)
+        out |= against_local_step(timed)
         first = [(r.written_times[0] - r.sent) * 1e3 for r in timed if r.written_times]
         out |= spread("ttft_server_ms", first)
         frontend = [(c - e) * 1e3 for r in timed for c, e in zip(r.chunk_times, r.engine_times, strict=True)]
@@ -199,6 +206,56 @@ def against_decode_step(
         "burst_share_half_decode_step": under,
         "engine_burst_share_decode_step": engine,
         "smooth_streams_share_decode_step": smooth,
+    }
+
+
+def local_step_lines(timed: list[Record], window: int = LOCAL_STEPS) -> dict[float, float]:
+    """Each engine step (its time on the engine's clock) -> the median decode-only step among the
+    `window` steps either side of it: the engine's decode step at that moment. Within one load the
+    batch, and with it the step, ramps up as requests arrive and down as they finish; a step of 1.5
+    ms at batch 10 is no burst beside the 4 ms of batch 60 later in the same load."""
+    kinds: dict[float, bool] = {}
+    for r in timed:
+        flags = r.decode_steps if len(r.decode_steps) == len(r.engine_times) else [None] * len(r.engine_times)
+        for t, kind in zip(r.engine_times, flags, strict=True):
+            kinds[t] = kinds.get(t, False) or kind is None or bool(kind)  # no flag: any step counts
+    steps = sorted(kinds)
+    gaps = [((b - a) * 1e3, kinds[b]) for a, b in zip(steps, steps[1:], strict=False)]
+    decode = [g for g, kind in gaps if kind]
+    if not decode:
+        return {}
+    overall = statistics.median(decode)
+    lines: dict[float, float] = {}
+    for j, t in enumerate(steps):
+        near = [g for g, kind in gaps[max(0, j - 1 - window) : j + window] if kind]
+        lines[t] = statistics.median(near) if near else overall
+    return lines
+
+
+def against_local_step(timed: list[Record]) -> dict[str, float]:
+    """The burst shares against half the engine's decode step at the moment of each gap
+    (local_step_lines), at the client and on the engine's clock; with timing only."""
+    lines = local_step_lines(timed)
+    if not lines:
+        return {}
+    client: list[bool] = []
+    engine: list[bool] = []
+    smooth = []
+    for r in timed:
+        flags = [
+            (c < lines[t] / 2, e < lines[t] / 2)
+            for c, e, t in zip(r.gaps_ms(), _gaps(r.engine_times), r.engine_times[1:], strict=True)
+        ]
+        if flags:
+            client += [c for c, _ in flags]
+            engine += [e for _, e in flags]
+            smooth.append(sum(c for c, _ in flags) / len(flags) <= SMOOTH_MAX_BURSTS)
+    if not client:
+        return {}
+    return {
+        "burst_share_local_step": sum(client) / len(client),
+        "engine_burst_share_local_step": sum(engine) / len(engine),
+        "smooth_streams_share_local_step": sum(smooth) / len(smooth),
     }
 
 

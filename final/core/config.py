@@ -171,6 +171,14 @@ class EngineConfig:
             Preset("--disable-overlap-schedule", "off", "the same as --overlap off (SGLang)"),
         ),
     )
+    warmup: str = option(
+        "auto",
+        "prefill steps of the budget's size at start, on no request, so that the first requests do "
+        "not pay the kernels' first-use costs (engine/warmup.py); auto: on on a GPU, off on the CPU",
+        group=ENGINE,
+        choices=OVERLAP_MODES,
+        presets=(Preset("--skip-server-warmup", "off", "the same as --warmup off (SGLang)"),),
+    )
     # Tensor parallelism: the model sharded over `tp` ranks, one process each (runtime/ranks.py);
     # across machines, `nnodes` nodes of tp / nnodes ranks meeting at `dist_init_addr`.
     tp: int = option(

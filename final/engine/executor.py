@@ -33,6 +33,7 @@ from .resolve import ResolvedConfig
 from .runner import ModelRunner
 from .sampler import SampleOutput, Sampler
 from .structured import StructuredOutputs
+from .warmup import timed_warm_up
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,10 @@ class Executor:
             _scales_note(runner),
             runner.backend.name,
         )
+        if resolved.warmup:  # every rank, here: under TP their collectives meet
+            shapes, seconds = timed_warm_up(runner, resolved.max_prefill_length, resolved.max_running_requests)
+            say("warm-up: prefill steps of %s prompt tokens in %.2f s (--warmup off skips it)",
+                " and ".join(f"{n} x {t}" for n, t in shapes), seconds)  # fmt: skip
         # Only rank 0 samples; the others keep an (unused) sampler so that every rank is alike.
         model = resolved.model
         structured = StructuredOutputs(resolved.model_dir, model.vocab_size, model.eos_token_ids)

@@ -57,6 +57,7 @@ class ResolvedConfig:
     dist_timeout: float
     threads: int | None = None  # --threads: PyTorch threads on the CPU (None: core/devices.py's rule)
     seed: int | None = None  # --seed: of the random stream unseeded requests share
+    warmup: bool = False  # prefill steps on the padding row at start (engine/warmup.py)
 
     @property
     def ranks_per_node(self) -> int:
@@ -105,6 +106,7 @@ def resolve_config(config: EngineConfig, model_dir: Path | None = None) -> Resol
         dist_timeout=config.dist_timeout,
         threads=config.threads,
         seed=config.seed,
+        warmup=config.warmup == "on" or (config.warmup == "auto" and device.type == "cuda"),
     )
 
 

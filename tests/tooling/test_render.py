@@ -333,6 +333,13 @@ def test_a_versus_result_pairs_by_itself_and_the_newest_source_wins(tmp_path: Pa
     assert rows["offline (tok/s)"][:4] == ["21,000", "20,000", "1.05×", "≥ 1.05×: met"]
     assert "`versus_minisgl_h200` (attn=fi, page_size=16)" in rows["offline (tok/s)"][4]
     assert rows["batch-1 step (ms)"][:4] == ["2", "1", "0.50×", "≤ 1.50 ms: not yet"]  # the newer pair
+    # A newer versus with final/ on Mini-SGLang's backend (`--final-attn fi`) is no "as served" row.
+    parity = {"attn": "fi", "final_attn": "fi", "final_page_size": 16, "scale": 1.0}
+    write(root, "w.json", result("versus_minisgl_fi_h200", stage="versus", workload="versus", run_id="c10",
+                                 metrics=metrics | {"offline_final": 1.0}, config=parity,
+                                 hardware={"cpu": "Xeon", "gpu": "NVIDIA H200"}, timestamp="2026-05-01T00:00:00Z"))  # fmt: skip
+    page = rr.render_markdown(root)[Path("docs/generated/performance_versus.md")]
+    assert table_rows(page.split("### H200")[1])["offline (tok/s)"][0] == "21,000"
 
 
 def table_rows(section: str) -> dict[str, list[str]]:

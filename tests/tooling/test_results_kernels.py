@@ -67,3 +67,19 @@ def test_the_total_is_the_busy_time_where_a_table_has_it(tmp_path: Path) -> None
     path.write_text(json.dumps(data))
     page = results_kernels.render(tmp_path)
     assert rows(page)["**total, GPU µs a step**"] == ["80.0", "95.0"] and "counted once" in page
+
+
+def test_the_table_is_the_call_where_final_ran_mini_sglangs_attention(tmp_path: Path) -> None:
+    """Kernel for kernel: a newer versus whose final/ ran its own backends (`--final-attn auto`)
+    does not displace the one where both engines ran FlashInfer."""
+    write_versus(tmp_path, with_base=False)
+    same = tmp_path / "h200" / "versus_minisgl_fi_h200.json"
+    (tmp_path / "h200" / "versus_minisgl_h200.json").rename(same)
+    data = json.loads(same.read_text()) | {"config": {"attn": "fi", "final_attn": "fi"}}
+    same.write_text(json.dumps(data))
+    other = data | {"name": "versus_minisgl_h200", "timestamp": "2026-11-26T00:00:00Z",
+                    "config": {"attn": "fi", "final_attn": "auto"}}  # fmt: skip
+    (tmp_path / "h200" / "versus_minisgl_h200.json").write_text(json.dumps(other))
+    assert results_kernels.versus_files(tmp_path)["H200"]["config"]["final_attn"] == "fi"
+    same.unlink()  # with no such call, the newest
+    assert results_kernels.versus_files(tmp_path)["H200"]["config"]["final_attn"] == "auto"

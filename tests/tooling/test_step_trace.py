@@ -81,6 +81,19 @@ def test_the_report_puts_each_burst_down_to_the_launch_before_it():
     assert out["bursts"] == 1 and out["delivered_during_a_launch"] == 1
     assert out["eager_launches"] == 2 and out["eager_launch_ms_p50"] == pytest.approx(25.0)
     assert out["late_collect_share"] == pytest.approx(2 / 9)
+    # Per stream against the local step (10 ms, the decode-only gaps' median): only the burst's 2 ms
+    # gap falls under 5 ms; 8 streams got a token across each of the 8 gaps.
+    assert out["stream_burst_share_local"] == pytest.approx(1 / 8)
+
+
+def test_a_batch_ramping_up_is_no_burst_against_the_local_step():
+    ms, trace, t = 1e-3, [], 0.0
+    for step in [2.0] * 20 + [6.0] * 40:  # a small batch's quick steps, then a full batch's
+        trace += events(launch(t * ms, (t + 0.5) * ms), collect((t + 0.5) * ms, (t + step) * ms, False))
+        t += step
+    out = report(trace)
+    assert out["burst_share"] > 0.3  # against the load's one median (6 ms) the quick steps are "bursts"
+    assert out["stream_burst_share_local"] == 0.0
 
 
 def test_the_trace_is_cut_where_the_engine_idled():

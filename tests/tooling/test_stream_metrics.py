@@ -114,3 +114,38 @@ def test_bursts_against_the_decode_step_leave_a_short_step_after_a_mixed_one_alo
     assert m["smooth_streams_share_decode_step"] == 0.0  # a quarter of its gaps, more than 5%
     r.decode_steps = [None] * 5  # a server whose timing does not say
     assert "decode_step_ms_p50" not in summarize([r], duration=1.0)
+
+
+def ramp(steps_ms: list[float], streams: int, client_delay_ms: float = 1.0) -> list[Record]:
+    """`streams` requests that each get a token at every engine step (times from `steps_ms`, the
+    gaps between steps), each arriving `client_delay_ms` after its step; decode-only steps."""
+    times = [0.0]
+    for gap in steps_ms:
+        times.append(times[-1] + gap)
+    out = []
+    for _ in range(streams):
+        r = record(times, [t + client_delay_ms for t in times])
+        r.decode_steps = [True] * len(times)
+        out.append(r)
+    return out
+
+
+def test_a_batch_ramping_up_is_no_burst_against_the_local_step():
+    """20 quick steps of a small batch, then 40 of a full one: against the load's one median the
+    quick ones are bursts; against the step of their moment they are not."""
+    m = summarize(ramp([2.0] * 20 + [6.0] * 40, streams=3), duration=1.0)
+    assert m["burst_share_half_step"] == pytest.approx(20 / 60)
+    assert m["burst_share_local_step"] == 0.0 and m["engine_burst_share_local_step"] == 0.0
+    assert m["smooth_streams_share_local_step"] == 1.0
+
+
+def test_tokens_held_and_sent_in_pairs_are_bursts_against_the_local_step():
+    """A steady 6 ms engine; the client gets every second token 0.1 ms after the one before."""
+    streams = ramp([6.0] * 40, streams=2)
+    for r in streams:
+        engine_ms = [t * 1e3 for t in r.engine_times]
+        r.chunk_times = [(t + (6.0 if i % 2 == 0 else 0.1)) / 1e3 for i, t in enumerate(engine_ms)]
+    m = summarize(streams, duration=1.0)
+    assert m["burst_share_local_step"] == pytest.approx(20 / 40)
+    assert m["engine_burst_share_local_step"] == 0.0  # the engine's steps were steady
+    assert m["smooth_streams_share_local_step"] == 0.0
