@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Packs what the GPU tests and benchmarks need on a lent CUDA host that has PyTorch, transformers
 # and nvcc but no package index and no model hub, as independent kits, each cut into parts small
-# enough to carry beside the working tree (at most PART_MB megabytes, 55 by default):
+# enough to carry beside the working tree (at most PART_MB MiB, 40 by default: a call carries 64 MiB
+# in all, the tracked tree included, which grows with every result and log):
 #
 #   base    FlashInfer and the serving stack (FastAPI, uvicorn, pyzmq, openai, ...)   2 parts
-#   fa      flash-attn-4 with the CUTLASS DSL and quack it runs on (--attn fa)          2 parts
-#   model   the default model's GGUF file (SmolLM2-135M-Instruct, for its GPU tests)   2 parts
+#   fa      flash-attn-4 with the CUTLASS DSL and quack it runs on (--attn fa)          3 parts
+#   model   the default model's GGUF file (SmolLM2-135M-Instruct, for its GPU tests)   3 parts
 #
 #   bash scripts/device_kit.sh [OUT_DIR] [KIT ...]    # here, once; OUT_DIR .device-kit, KITs: all
+#   bash scripts/device_kit.sh --resplit [OUT_DIR] [KIT ...]   # kits packed before, cut at PART_MB
 #
 # Then, on the host, one call per part, chained (a machine idle for ~30 s is handed back, and
 # its /tmp with it): each call carries OUT_DIR/KIT/pN and runs `bash OUT_DIR/KIT/pN/unpack.sh`;
@@ -26,11 +28,13 @@
 # FlashInfer compiles each kernel on first use (about a minute each on Hopper), per machine; set
 # FLASHINFER_WORKSPACE_BASE to keep its cache somewhere you can bring back.
 set -euo pipefail
+resplit=0
+if [ "${1:-}" = --resplit ]; then resplit=1; shift; fi
 out=${1:-.device-kit}
 shift || true
 kits=("$@")
 [ ${#kits[@]} -eq 0 ] && kits=(base fa model)
-part_mb=${PART_MB:-55}
+part_mb=${PART_MB:-40}
 python=${PYTHON:-.venv/bin/python}
 
 download() {  # wheels for the host's Python 3.12 on x86-64 Linux, without their dependencies
@@ -40,9 +44,13 @@ download() {  # wheels for the host's Python 3.12 on x86-64 Linux, without their
 }
 
 pack() {  # pack KIT_NAME STAGING_DIR: a tar cut into parts, each with an unpack.sh
+  tar -C "$2" -cf "$2.tar" .
+  cut_parts "$1" "$2"
+}
+
+cut_parts() {  # cut_parts KIT_NAME STAGING_DIR: STAGING_DIR.tar into parts, each with an unpack.sh
   local name=$1 staging=$2 dest="$out/$1"
   rm -rf "$dest" && mkdir -p "$dest"
-  tar -C "$staging" -cf "$staging.tar" .
   (cd "$(dirname "$staging")" && split -b "${part_mb}M" -d -a 1 "$staging.tar" "$name.tar.")
   local n i=0
   n=$(ls "$(dirname "$staging")/$name".tar.* | wc -l)
@@ -75,6 +83,14 @@ UNPACK
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+if [ $resplit = 1 ]; then  # the kits already packed, cut again at PART_MB (nothing downloaded)
+  for kit in "${kits[@]}"; do
+    [ -d "$out/$kit" ] || continue
+    cat "$out/$kit"/p*/"$kit".tar.* > "$work/$kit.tar"
+    cut_parts "$kit" "$work/$kit"
+  done
+  exit 0
+fi
 for kit in "${kits[@]}"; do
   mkdir -p "$work/$kit"
   case $kit in
