@@ -252,6 +252,10 @@ def bench_sampling(report: Report, s: Setup) -> None:
             tokens = sampler.sample(logits, rows, params, gens).tokens
             if temperature == 0:
                 report.check(f"sampling greedy B={batch}", torch.equal(tokens, logits.argmax(-1)))
+                # The greedy batch's argmax: the two-pass kernel against torch's one block per row.
+                report.time("sampling", f"b{batch}_argmax_kernel_vs_torch",
+                            timed(lambda: sampling_kernels.triton_argmax(logits)),  # noqa: B023
+                            timed(lambda: logits.argmax(-1)))  # noqa: B023  # fmt: skip
             else:  # a draw under top_k=1 is the argmax (the distribution: tests/final/kernels/test_final_gpu_kernels.py)
                 one = [SamplingParams(temperature=temperature, top_k=1)] * batch
                 for row, p in enumerate(one):

@@ -221,19 +221,17 @@ class Sampler:
         if bitmask is not None:
             scores = apply_bitmask(scores, bitmask)
         greedy = [is_greedy(p) for p in params]
+        kernels = sampling_kernels.gumbel_available(scores)
+        unseeded = all(g is None for g in generators)
         if all(greedy):
-            tokens = scores.argmax(dim=-1)
+            tokens = sampling_kernels.triton_argmax(scores) if kernels else scores.argmax(dim=-1)
+        elif unseeded and kernels and not any(has_filter(p) for p in params):
+            # The Gumbel-max kernel reads each row's temperature and greedy flag from the tables
+            # itself: a greedy row is its argmax there, with no gather and no second argmax here.
+            seed = sampling_kernels.draw_seed(scores.device)
+            tokens = sampling_kernels.triton_sample(scores, rows, self.temperature, self.greedy, seed)
         else:
-            unseeded = all(g is None for g in generators)
-            if (
-                unseeded
-                and not any(has_filter(p) for p in params)
-                and sampling_kernels.gumbel_available(scores)
-            ):
-                temperature = torch.index_select(self.temperature, 0, rows)
-                seed = sampling_kernels.draw_seed(scores.device)
-                drawn = sampling_kernels.triton_gumbel_sample(scores, temperature, seed)
-            elif unseeded and sampling_kernels.available(scores):
+            if unseeded and sampling_kernels.available(scores):
                 drawn = self._flashinfer_draw(scores, rows, params)
             else:
                 drawn = self._reference_draw(scores.float(), rows, params, generators)

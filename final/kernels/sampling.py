@@ -34,6 +34,10 @@ step (versus_minisgl_h100.json, 2026-11-27), about 5% of it. The vocabulary is c
 one program each, so that batch 1 still fills the GPU; a second pass picks each row's best chunk.
 The random bits come from Triton's Philox, keyed by a seed that torch's generator draws on the
 device every step (so a CUDA graph replays a new draw, and torch.manual_seed reproduces a run).
+The kernel reads each row's temperature and greedy flag from the sampler's tables by the row's
+page-table row, so a greedy row among the drawn ones is its argmax there, and without the noise the
+same two kernels are the greedy batch's argmax (`triton_argmax`): torch's argmax gives a row of the
+vocabulary one block of threads, these kernels a program per chunk.
 """
 
 from __future__ import annotations
@@ -123,9 +127,58 @@ def torch_gumbel_sample(
     return (logits.double() / temperature.double().unsqueeze(-1) + gumbel).argmax(dim=-1)
 
 
+PICK_BLOCK = 1024  # chunks the second pass reads at once: more than gumbel_chunks ever makes
+
+
+def triton_sample(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    temperature: torch.Tensor,
+    greedy: torch.Tensor,
+    seed: torch.Tensor | None,
+) -> torch.Tensor:
+    """One token per row of `logits` [S, vocab]: row i is request rows[i] (int32, its page-table
+    row), whose temperature and greedy flag are `temperature[rows[i]]` and `greedy[rows[i]]` in the
+    sampler's tables. A greedy row takes its argmax, the others a Gumbel-max draw keyed by `seed`
+    ([1] int64 on the device); `seed` None: every row its argmax, no random numbers drawn (a greedy
+    batch). Two kernels: the chunks' bests, then each row's best chunk, written as int64."""
+    n, vocab = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    chunks, per_chunk = gumbel_chunks(n, vocab, GUMBEL_BLOCK)
+    assert chunks <= PICK_BLOCK
+    best_value = torch.empty(n, chunks, dtype=torch.float32, device=logits.device)
+    best_token = torch.empty(n, chunks, dtype=torch.int32, device=logits.device)
+    noise = seed is not None
+    _gumbel_jit()[(n, chunks)](
+        logits, rows, temperature, greedy, seed if noise else rows, best_value, best_token,
+        logits.stride(0), vocab, per_chunk, chunks, NOISE=noise, BLOCK=GUMBEL_BLOCK, num_warps=8,
+    )  # fmt: skip
+    tokens = torch.empty(n, dtype=torch.int64, device=logits.device)
+    _pick_jit()[(n,)](best_value, best_token, tokens, chunks, vocab, BLOCK=PICK_BLOCK, num_warps=4)
+    return tokens
+
+
+def triton_gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+    """One draw per row of softmax(logits / temperature), logits [rows, vocab] (rows contiguous in
+    the vocabulary), temperature [rows] float32 > 0, seed [1] int64 on the device; int64 tokens
+    (triton_sample with every row its own table entry, none greedy)."""
+    n = logits.shape[0]
+    rows = torch.arange(n, dtype=torch.int32, device=logits.device)
+    greedy = torch.zeros(n, dtype=torch.bool, device=logits.device)
+    return triton_sample(logits, rows, temperature, greedy, seed)
+
+
+def triton_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax as int64, the first of equal maxima (as torch's): a greedy batch's draw,
+    each chunk of the vocabulary read by its own program (torch's argmax gives a row one)."""
+    rows = torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device)  # tables unread
+    return triton_sample(logits, rows, rows, rows, None)
+
+
 @functools.cache
 def _gumbel_jit():
-    """The kernel, built on first use (Triton is imported here, not with the module)."""
+    """The first pass, built on first use (Triton is imported here, not with the module)."""
     import triton
     import triton.language as tl
 
@@ -134,7 +187,9 @@ def _gumbel_jit():
     @triton.jit(do_not_specialize=["chunks"])
     def gumbel_max_kernel(
         logits,
+        rows,
         temperature,
+        greedy,
         seed,
         best_value,
         best_token,
@@ -142,12 +197,16 @@ def _gumbel_jit():
         vocab,
         per_chunk,
         chunks,
+        NOISE: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0)
         chunk = tl.program_id(1)
-        inv_t = 1.0 / tl.load(temperature + row)
-        key = tl.load(seed)
+        if NOISE:
+            table_row = tl.load(rows + row)
+            inv_t = 1.0 / tl.load(temperature + table_row)
+            keep = tl.load(greedy + table_row) != 0  # a greedy row: its argmax, no noise
+            key = tl.load(seed)
         top = tl.full([BLOCK], float("-inf"), tl.float32)
         top_at = tl.zeros([BLOCK], tl.int32)
         start = chunk * per_chunk
@@ -155,18 +214,25 @@ def _gumbel_jit():
             token = start + offset + tl.arange(0, BLOCK)
             inside = token < vocab
             x = tl.load(logits + row.to(tl.int64) * row_stride + token, mask=inside, other=0.0)
-            # g = -log(E), E = -log(1 - s) an exponential draw, s uniform in (0, 1]. The winners
-            # have the smallest E (about 1e-5 over Qwen3's vocabulary), so E must be exact near 0:
-            # s from the random bits keeps float32's full precision near 0, and there -log(1 - s)
-            # is its series (1 - s would round it away). -log(tl.rand) would give E in steps of
-            # float32's spacing below 1 (6e-8), a coarse grid just where the winner is decided.
-            # Philox makes four numbers a call: one call per four tokens (tl.randint would throw
-            # three away), its four outputs side by side, counters unique per (row, four tokens).
-            r0, r1, r2, r3 = tl.randint4x(key, row * vocab + (start + offset) // 4 + tl.arange(0, BLOCK // 4))
-            bits = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK]).to(tl.uint32, bitcast=True)
-            s = (bits.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # (bits + 0.5) / 2^32
-            e = tl.where(s < 0.00390625, s + s * s * 0.5 + s * s * s * 0.33333334, -tl.log(1.0 - s))
-            z = x.to(tl.float32) * inv_t - tl.log(e)
+            z = x.to(tl.float32)
+            if NOISE:
+                # g = -log(E), E = -log(1 - s) an exponential draw, s uniform in (0, 1]. The
+                # winners have the smallest E (about 1e-5 over Qwen3's vocabulary), so E must be
+                # exact near 0: s from the random bits keeps float32's full precision near 0, and
+                # there -log(1 - s) is its series (1 - s would round it away). -log(tl.rand) would
+                # give E in steps of float32's spacing below 1 (6e-8), a coarse grid just where the
+                # winner is decided. Philox makes four numbers a call: one call per four tokens
+                # (tl.randint would throw three away), its four outputs side by side, counters
+                # unique per (row, four tokens).
+                r0, r1, r2, r3 = tl.randint4x(
+                    key, row * vocab + (start + offset) // 4 + tl.arange(0, BLOCK // 4)
+                )
+                bits = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), [BLOCK]).to(
+                    tl.uint32, bitcast=True
+                )
+                s = (bits.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # (bits + 0.5) / 2^32
+                e = tl.where(s < 0.00390625, s + s * s * 0.5 + s * s * s * 0.33333334, -tl.log(1.0 - s))
+                z = tl.where(keep, z, z * inv_t - tl.log(e))
             z = tl.where(inside, z, float("-inf"))
             better = z > top
             top = tl.where(better, z, top)
@@ -179,22 +245,25 @@ def _gumbel_jit():
     return gumbel_max_kernel
 
 
-def triton_gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
-    """One draw per row of softmax(logits / temperature), logits [rows, vocab] (rows contiguous in
-    the vocabulary), temperature [rows] float32 > 0, seed [1] int64 on the device; int64 tokens."""
-    rows, vocab = logits.shape
-    if logits.stride(-1) != 1:
-        logits = logits.contiguous()
-    chunks, per_chunk = gumbel_chunks(rows, vocab, GUMBEL_BLOCK)
-    best_value = torch.empty(rows, chunks, dtype=torch.float32, device=logits.device)
-    best_token = torch.empty(rows, chunks, dtype=torch.int32, device=logits.device)
-    _gumbel_jit()[(rows, chunks)](
-        logits, temperature, seed, best_value, best_token, logits.stride(0), vocab, per_chunk, chunks,
-        BLOCK=GUMBEL_BLOCK, num_warps=8,
-    )  # fmt: skip
-    if chunks == 1:
-        return best_token[:, 0].long()
-    return best_token.gather(1, best_value.argmax(dim=1, keepdim=True)).squeeze(1).long()
+@functools.cache
+def _pick_jit():
+    """The second pass: each row's best chunk (the first of equals), its token as int64."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["chunks"])
+    def pick_kernel(best_value, best_token, tokens, chunks, vocab, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        chunk = tl.arange(0, BLOCK)
+        inside = chunk < chunks
+        value = tl.load(best_value + row * chunks + chunk, mask=inside, other=float("-inf"))
+        token = tl.load(best_token + row * chunks + chunk, mask=inside, other=vocab)
+        top = tl.max(value, axis=0)
+        # Chunks hold ascending token ranges: the smallest token among the best is the first.
+        first = tl.min(tl.where(value == top, token, vocab), axis=0)
+        tl.store(tokens + row, first.to(tl.int64))
+
+    return pick_kernel
 
 
 def gumbel_available(logits: torch.Tensor) -> bool:

@@ -21,10 +21,16 @@ def paths(monkeypatch):
     """The GPU paths as recorders: each returns token 0 for every row."""
     calls: list[tuple[str, list[float]]] = []
 
-    def gumbel(logits, temperature, seed):
+    def gumbel(logits, rows, temperature, greedy, seed):
+        """The kernel's contract: a greedy row (by the table) is its argmax, the others a draw
+        (token 0 here); each row's temperature read from the table at its page-table row."""
         assert seed.dtype == torch.int64 and seed.numel() == 1
-        calls.append(("gumbel", temperature.tolist()))
-        return torch.zeros(logits.shape[0], dtype=torch.long)
+        calls.append(("gumbel", temperature[rows.long()].tolist()))
+        return torch.where(greedy[rows.long()], logits.argmax(dim=-1), 0)
+
+    def argmax(logits):
+        calls.append(("argmax", []))
+        return logits.argmax(dim=-1)
 
     def flashinfer(logits, temperature, top_k, top_p, min_p, row_index):
         calls.append(("flashinfer", temperature.tolist()))
@@ -32,7 +38,8 @@ def paths(monkeypatch):
 
     monkeypatch.setattr(sampling_kernels, "gumbel_available", lambda logits: True)
     monkeypatch.setattr(sampling_kernels, "available", lambda logits: True)
-    monkeypatch.setattr(sampling_kernels, "triton_gumbel_sample", gumbel)
+    monkeypatch.setattr(sampling_kernels, "triton_sample", gumbel)
+    monkeypatch.setattr(sampling_kernels, "triton_argmax", argmax)
     monkeypatch.setattr(sampling_kernels, "flashinfer_sample", flashinfer)
     return calls
 
@@ -56,6 +63,11 @@ def test_the_temperature_alone_takes_the_gumbel_kernel_with_each_rows_temperatur
 def test_a_filter_in_any_row_takes_flashinfers_chain(paths, flt):
     sample([SamplingParams(temperature=0.6), SamplingParams(temperature=0.8, **flt)])
     assert [name for name, _ in paths] == ["flashinfer"]
+
+
+def test_a_greedy_batch_takes_the_argmax_kernel(paths):
+    tokens, logits = sample([SamplingParams(temperature=0), SamplingParams(temperature=0)])
+    assert paths == [("argmax", [])] and torch.equal(tokens, logits.argmax(dim=-1))
 
 
 def test_greedy_rows_keep_their_argmax_beside_the_gumbel_draw(paths):

@@ -467,3 +467,39 @@ def test_engine_kernels_on_equal_kernels_off(request, monkeypatch, arch, attn):
             free_gpu_memory()
     compared = assert_agree_until_near_tie(outs[True], outs[False], vocab, atol=0.1)
     assert compared >= 4 * len(prompts)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 256])
+def test_the_argmax_kernel_is_torchs_argmax_at_the_real_vocabulary(rows):
+    """Qwen3's 151,936 bf16 logits, ties planted across chunks (the maximum twice, far apart):
+    the greedy batch's kernel picks what torch's argmax picks, the first of equals."""
+    torch.manual_seed(rows)
+    vocab = 151936
+    logits = torch.randn(rows, vocab, device="cuda").to(torch.bfloat16)
+    top = logits.float().max(dim=-1).values + 1
+    at = torch.randint(0, vocab // 2, (rows,), device="cuda")
+    logits[torch.arange(rows), at] = top.to(torch.bfloat16)
+    logits[torch.arange(rows), at + vocab // 2] = top.to(torch.bfloat16)  # the same value, later
+    assert torch.equal(sampling_kernels.triton_argmax(logits), logits.argmax(dim=-1))
+
+
+def test_the_sampling_kernel_keeps_greedy_rows_exact_beside_draws():
+    """A batch of 64 whose even rows are greedy by the sampler's table: those are their argmax for
+    every seed; the odd rows, flat logits at temperature 1, are draws that move with the seed."""
+    torch.manual_seed(5)
+    vocab, n = 151936, 64
+    logits = torch.randn(n, vocab, device="cuda").to(torch.bfloat16)
+    logits[1::2] = 0
+    rows = torch.arange(n, dtype=torch.int32, device="cuda").flip(0)  # table rows in another order
+    greedy = torch.arange(n, device="cuda") % 2 == 1  # table row r is greedy when r is odd
+    temperature = torch.ones(n, device="cuda")
+    greedy_rows = greedy[rows.long()]
+    draws = [
+        sampling_kernels.triton_sample(
+            logits, rows, temperature, greedy, sampling_kernels.draw_seed(logits.device)
+        )
+        for _ in range(2)
+    ]
+    for got in draws:
+        assert torch.equal(got[greedy_rows], logits.argmax(dim=-1)[greedy_rows])
+    assert not torch.equal(draws[0][~greedy_rows], draws[1][~greedy_rows])

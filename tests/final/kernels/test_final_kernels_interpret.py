@@ -257,6 +257,45 @@ def test_gumbel_max_finds_each_rows_best_chunk_and_follows_its_seed(monkeypatch)
     assert not torch.equal(sampling.triton_gumbel_sample(flat, warm, torch.tensor([8])), first)
 
 
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_argmax_kernel_is_torchs_argmax_ties_included(monkeypatch, dtype, rows):
+    """Chunks of one block of 64 over 1,000 tokens; values from a handful so that every row has
+    ties, some across chunks: the first of equal maxima, as torch's argmax; a strided view too."""
+    monkeypatch.setattr(sampling, "GUMBEL_BLOCK", 64)
+    torch.manual_seed(rows)
+    logits = torch.randint(0, 6, (rows, 1000)).to(dtype)
+    assert sampling.gumbel_chunks(rows, 1000, 64)[0] > 1
+    got = sampling.triton_argmax(logits)
+    assert got.dtype == torch.int64 and torch.equal(got, logits.argmax(dim=-1))
+    wide = torch.randint(0, 6, (rows, 1200)).to(dtype)[:, 100:1100]  # rows 1,200 apart in memory
+    assert torch.equal(sampling.triton_argmax(wide), wide.argmax(dim=-1))
+
+
+@interpreted
+def test_the_sampling_kernel_reads_each_rows_table_entry_and_keeps_greedy_rows_exact(monkeypatch):
+    """Rows 0-3 of a batch are requests in table rows 5, 2, 7, 0. Row 0's table temperature is
+    far below its logits' gaps (its draw is the argmax); row 1 is greedy by the table (its argmax,
+    the first of its tied maxima, whatever the seed); rows 2 and 3 have flat logits and a
+    temperature of 1, so their draws are the noise's and move with the seed."""
+    monkeypatch.setattr(sampling, "GUMBEL_BLOCK", 64)
+    torch.manual_seed(3)
+    vocab = 700
+    logits = torch.zeros(4, vocab)
+    logits[0] = torch.randperm(vocab).float()
+    logits[1] = torch.randint(0, 3, (vocab,)).float()  # ties
+    rows = torch.tensor([5, 2, 7, 0], dtype=torch.int32)
+    temperature = torch.ones(8)
+    temperature[5] = 1e-3
+    greedy = torch.zeros(8, dtype=torch.bool)
+    greedy[2] = True
+    draws = [sampling.triton_sample(logits, rows, temperature, greedy, torch.tensor([s])) for s in (1, 2)]
+    for got in draws:
+        assert got[0] == logits[0].argmax() and got[1] == logits[1].argmax()
+    assert not torch.equal(draws[0][2:], draws[1][2:]), "the flat rows follow the seed"
+
+
 def test_gumbel_max_reference_draws_the_softmax():
     """The torch reference of the trick, on torch's uniforms: the same distribution."""
     torch.manual_seed(2)
@@ -374,17 +413,28 @@ def test_kernels_compile_for_hopper():
         for m, bias, k, pdl in ((1, False, 3072, False), (4, True, 3072, True), (1, False, 2048, True))
     ]  # fmt: skip
     kernels += gemvs
-    kernels.insert(
-        0,
+    sampling_kernels = [
         compile_for_hopper(
             sampling._gumbel_jit(),
-            {"logits": "*bf16", "temperature": "*fp32", "seed": "*i64", "best_value": "*fp32",
-             "best_token": "*i32", "row_stride": "i32", "vocab": "i32", "per_chunk": "i32", "chunks": "i32",
-             "BLOCK": const},
-            {"BLOCK": sampling.GUMBEL_BLOCK},
+            {"logits": "*bf16", "rows": "*i32", "temperature": "*fp32", "greedy": "*i1", "seed": "*i64",
+             "best_value": "*fp32", "best_token": "*i32", "row_stride": "i32", "vocab": "i32",
+             "per_chunk": "i32", "chunks": "i32", "NOISE": const, "BLOCK": const},
+            {"NOISE": noise, "BLOCK": sampling.GUMBEL_BLOCK},
             warps=8,
-        ),
+        )
+        for noise in (True, False)
+    ]  # fmt: skip
+    sampling_kernels.append(
+        compile_for_hopper(
+            sampling._pick_jit(),
+            {"best_value": "*fp32", "best_token": "*i32", "tokens": "*i64", "chunks": "i32", "vocab": "i32",
+             "BLOCK": const},
+            {"BLOCK": sampling.PICK_BLOCK},
+        )
     )  # fmt: skip
+    kernels = sampling_kernels + kernels
+    # The argmax (no noise) draws no random numbers: Philox's multiply-high rounds are not in it.
+    assert "mul.hi" in sampling_kernels[0].asm["ptx"] and "mul.hi" not in sampling_kernels[1].asm["ptx"]
     for kernel in kernels:
         assert kernel.asm["cubin"], "no machine code"
     # The GEMV's weight loads are 16-byte vector loads: the point of the kernel is bandwidth.
