@@ -87,7 +87,9 @@ class Executor:
             runner.backend.name,
         )
         if resolved.warmup:  # every rank, here: under TP their collectives meet
-            shapes, seconds = timed_warm_up(runner, resolved.max_prefill_length, resolved.max_running_requests)
+            shapes, seconds = timed_warm_up(
+                runner, resolved.max_prefill_length, resolved.max_running_requests
+            )
             say("warm-up: prefill steps of %s prompt tokens in %.2f s (--warmup off skips it)",
                 " and ".join(f"{n} x {t}" for n, t in shapes), seconds)  # fmt: skip
         # Only rank 0 samples; the others keep an (unused) sampler so that every rank is alike.

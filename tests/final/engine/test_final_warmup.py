@@ -74,5 +74,7 @@ def test_answers_are_the_same_with_and_without_it(tiny_qwen3_dir):
 
 @pytest.mark.parametrize(("mode", "device", "expected"), [("auto", "cpu", False), ("on", "cpu", True)])
 def test_auto_warms_up_on_a_gpu_only(tiny_qwen3_dir, mode, device, expected):
-    assert resolve_config(EngineConfig(model=str(tiny_qwen3_dir), device=device, warmup=mode)).warmup is expected
+    assert (
+        resolve_config(EngineConfig(model=str(tiny_qwen3_dir), device=device, warmup=mode)).warmup is expected
+    )
     assert resolve_config(EngineConfig(model=str(tiny_qwen3_dir), device="cpu", warmup="off")).warmup is False
