@@ -27,6 +27,9 @@ from ..core.forward_batch import StepInput
 # A prefill step of the offline workload admits about 30 prompts at once; a lone long prompt is the
 # other shape the first requests bring (its attention kernel picks other tiles).
 WARMUP_BATCH = 32
+# At most this many prompt tokens a warm-up step (the default budget on a GPU): a budget raised to
+# turn chunking off (--max-prefill-length 10**9) must not make the start prefill a million tokens.
+WARMUP_MAX_TOKENS = 16384
 
 
 def warmup_shapes(budget: int, max_len: int, max_requests: int) -> list[tuple[int, int]]:
@@ -56,7 +59,7 @@ def warm_up(runner, budget: int, max_requests: int) -> list[tuple[int, int]]:
     returns their shapes. Sizes are capped by what the runner's buffers and page table hold."""
     table = runner.page_table
     max_len = table.table.shape[1] * runner.page_size
-    tokens = min(budget, runner.buffers.max_tokens)
+    tokens = min(budget, runner.buffers.max_tokens, WARMUP_MAX_TOKENS)
     shapes = warmup_shapes(tokens, max_len, min(max_requests, runner.buffers.max_batch - 1))
     for requests, length in shapes:
         runner.forward(padding_step(table.padding_row, requests, length))

@@ -78,3 +78,15 @@ def test_auto_warms_up_on_a_gpu_only(tiny_qwen3_dir, mode, device, expected):
         resolve_config(EngineConfig(model=str(tiny_qwen3_dir), device=device, warmup=mode)).warmup is expected
     )
     assert resolve_config(EngineConfig(model=str(tiny_qwen3_dir), device="cpu", warmup="off")).warmup is False
+
+
+def test_a_budget_raised_to_turn_chunking_off_does_not_raise_the_warm_up(tiny_qwen3_dir, monkeypatch):
+    """--max-prefill-length 10**6: the warm-up's steps stay at WARMUP_MAX_TOKENS prompt tokens."""
+    monkeypatch.setattr(warmup, "WARMUP_MAX_TOKENS", 96)
+    seen = []
+    real = warmup.padding_step
+    monkeypatch.setattr(warmup, "padding_step", lambda *a: seen.append(a[1:]) or real(*a))
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", warmup="on",
+                    max_prefill_length=10**6, max_running_requests=RUNNING)  # fmt: skip
+    assert seen == [(1, 96), (RUNNING, 12)]
+    llm.close()
