@@ -60,10 +60,14 @@ def peer_run(engine: str, workload: str, args: argparse.Namespace, tmp: Path) ->
     # --scale shrinks the offline workload only: the batch-1 step is a difference of two calls,
     # which needs its full 128 tokens.
     scale = args.scale if workload == "offline" else 1.0
-    attn = args.attn if engine == "mini-sglang" else args.final_attn
-    cmd += ["--model", str(args.model), "--attn", attn, "--scale", str(scale)]
+    cmd += ["--model", str(args.model), "--attn", attn_of(engine, args), "--scale", str(scale)]
     run(cmd + ["--out", str(tmp), "--name", name])
     return json.loads((tmp / f"{name}.json").read_text())
+
+
+def attn_of(engine: str, args: argparse.Namespace) -> str:
+    """The --attn an engine runs with: Mini-SGLang's, or final/'s (also for --base's final/)."""
+    return args.attn if engine == "mini-sglang" else args.final_attn
 
 
 def result_name(args: argparse.Namespace) -> str:
@@ -209,8 +213,7 @@ def main(argv: list[str] | None = None) -> None:
                     "--model",
                     str(args.model),
                 ]
-                attn = args.attn if engine == "mini-sglang" else args.final_attn
-                cmd += ["--attn", attn, "--batch", *map(str, args.kernel_batches)]
+                cmd += ["--attn", attn_of(engine, args), "--batch", *map(str, args.kernel_batches)]
                 cmd += ["--temperature", *map(str, args.kernel_temperatures), "--json", str(path)]
                 run(cmd)
                 kernels[engine] = json.loads(path.read_text())

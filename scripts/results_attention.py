@@ -137,13 +137,11 @@ def winners(pairs: list[Pair]) -> Winners:
         if (tok_s := p.metric("offline", "output_tok_per_s")) is not None:
             decode_offline.setdefault(p.decode_backend, []).append(tok_s)
     offline = [(p.spec, v) for p in pairs if (v := p.metric("offline", "output_tok_per_s")) is not None]
+    decode_tok_s = {b: statistics.median(v) for b, v in decode_offline.items()}
     return Winners(
         prefill=sorted(((b, statistics.median(v)) for b, v in prefill.items()), key=lambda x: -x[1]),
-        decode=decode_ranking(
-            {b: statistics.median(v) for b, v in decode.items()},
-            {b: statistics.median(v) for b, v in decode_offline.items()},
-        ),
-        decode_offline={b: statistics.median(v) for b, v in decode_offline.items()},
+        decode=decode_ranking({b: statistics.median(v) for b, v in decode.items()}, decode_tok_s),
+        decode_offline=decode_tok_s,
         offline=sorted(offline, key=lambda x: -x[1]),
         lengths=lengths,
     )

@@ -21,7 +21,8 @@ burst at the engine. Each is put down to what came before its first collect:
 and the launches' host time is summed up by kind, so a fix can be aimed. `stream_burst_share_local`
 is the engine's side of issue 27's measure: the share of the streams' gaps (each step's gap counted
 once per stream that got a token across it) under half the decode step of the moment, the median
-of the LOCAL decode-only steps either side, since a load's batch, and its step, ramp up and down.
+of the decode-only steps either side (scripts/stream_metrics.py's `local_medians`), since a load's
+batch, and its step, ramp up and down.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-LOCAL = 8  # steps either side of a gap whose decode steps set its line (as scripts/stream_metrics.py)
+from scripts.stream_metrics import local_medians
+
 CAUSES = (
     "late after an eager launch",
     "late after a graph launch",
@@ -79,14 +81,13 @@ def report(events: list[dict[str, Any]]) -> dict[str, Any]:
             causes["late after an eager launch" if last["prompt"] else "late after a graph launch"] += 1
     bursts = sum(causes.values())
     # Per stream, and against the decode step of the moment: each gap weighed by the streams that
-    # got a token across it, its line half the median decode-only gap of the LOCAL steps around it
+    # got a token across it, its line half the median decode-only gap of the LOCAL_STEPS steps around it
     # (the batch ramps up and down within a load, and the step with it).
     weighed = under = 0
-    for j, (_, b, gap) in enumerate(gaps):
-        near = [g for _, bb, g in gaps[max(0, j - LOCAL) : j + LOCAL + 1] if bb["decode_only"]]
-        line = (statistics.median(near) if near else decode_step) / 2
+    local = local_medians([(g, b["decode_only"]) for _, b, g in gaps])
+    for (_, b, gap), median in zip(gaps, local, strict=True):
         weighed += b["sampled"]
-        under += b["sampled"] * (gap < line)
+        under += b["sampled"] * (gap < median / 2)
     eager = [1e3 * (e["t1"] - e["t0"]) for e in launches if e["prompt"]]
     graph = [1e3 * (e["t1"] - e["t0"]) for e in launches if not e["prompt"]]
     inside = sum(during(c) is not None for c in collects)  # early deliveries

@@ -221,15 +221,26 @@ def local_step_lines(timed: list[Record], window: int = LOCAL_STEPS) -> dict[flo
             kinds[t] = kinds.get(t, False) or kind is None or bool(kind)  # no flag: any step counts
     steps = sorted(kinds)
     gaps = [((b - a) * 1e3, kinds[b]) for a, b in zip(steps, steps[1:], strict=False)]
+    medians = local_medians(gaps, window)
+    if not medians:
+        return {}
+    # Step j + 1 ends gap j; the first step ends none (no stream's second token is there).
+    return dict(zip(steps, [medians[0], *medians], strict=True))
+
+
+def local_medians(gaps: list[tuple[float, bool]], window: int = LOCAL_STEPS) -> list[float]:
+    """Per gap (ms, whether it ends at a decode-only step): the median of the decode-only gaps among
+    the `window` gaps either side of it, itself included, or of all of them where none is that near;
+    empty without a decode-only gap. Also scripts/step_trace_report.py's line."""
     decode = [g for g, kind in gaps if kind]
     if not decode:
-        return {}
+        return []
     overall = statistics.median(decode)
-    lines: dict[float, float] = {}
-    for j, t in enumerate(steps):
-        near = [g for g, kind in gaps[max(0, j - 1 - window) : j + window] if kind]
-        lines[t] = statistics.median(near) if near else overall
-    return lines
+    out = []
+    for j in range(len(gaps)):
+        near = [g for g, kind in gaps[max(0, j - window) : j + window + 1] if kind]
+        out.append(statistics.median(near) if near else overall)
+    return out
 
 
 def against_local_step(timed: list[Record]) -> dict[str, float]:

@@ -99,15 +99,20 @@ def resolve_config(config: EngineConfig, model_dir: Path | None = None) -> Resol
         chunk_policy=config.chunk_policy,
         cache=config.cache,
         graph_max_batch=graph_max_batch(config, device),
-        overlap=config.overlap == "on" or (config.overlap == "auto" and device.type == "cuda"),
+        overlap=on_here(config.overlap, device),
         tp=config.tp,
         nnodes=config.nnodes,
         dist_init_addr=config.dist_init_addr,
         dist_timeout=config.dist_timeout,
         threads=config.threads,
         seed=config.seed,
-        warmup=config.warmup == "on" or (config.warmup == "auto" and device.type == "cuda"),
+        warmup=on_here(config.warmup, device),
     )
+
+
+def on_here(mode: str, device: torch.device) -> bool:
+    """An `auto|on|off` switch (--overlap, --warmup) on this device: auto is on on a GPU only."""
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
 def default_prefill_budget(device: torch.device) -> int:

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from ..core.config import GPU_PREFILL_BUDGET
 from ..core.forward_batch import StepInput
 
 # A prefill step of the offline workload admits about 30 prompts at once; a lone long prompt is the
@@ -29,7 +30,7 @@ from ..core.forward_batch import StepInput
 WARMUP_BATCH = 32
 # At most this many prompt tokens a warm-up step (the default budget on a GPU): a budget raised to
 # turn chunking off (--max-prefill-length 10**9) must not make the start prefill a million tokens.
-WARMUP_MAX_TOKENS = 16384
+WARMUP_MAX_TOKENS = GPU_PREFILL_BUDGET
 
 
 def warmup_shapes(budget: int, max_len: int, max_requests: int) -> list[tuple[int, int]]:

@@ -172,8 +172,8 @@ def triton_gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seed: 
 def triton_argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax as int64, the first of equal maxima (as torch's): a greedy batch's draw,
     each chunk of the vocabulary read by its own program (torch's argmax gives a row one)."""
-    rows = torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device)  # tables unread
-    return triton_sample(logits, rows, rows, rows, None)
+    unread = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)  # tables, unread: no fill
+    return triton_sample(logits, unread, unread, unread, None)
 
 
 @functools.cache
