@@ -82,6 +82,7 @@ def phases(steps: list[StepRecord], full_share: float = 0.9) -> dict[str, float]
     if len(prefill) > 1 and steps[0] is prefill[0]:
         rest = prefill[1:]
         out["prefill_first_step_ms"] = 1e3 * prefill[0].seconds
+        out["prefill_first_launch_ms"] = 1e3 * prefill[0].launch_seconds  # the rest: the run's start
         out["prefill_rest_step_ms_mean"] = 1e3 * sum(s.seconds for s in rest) / len(rest)
         out["prefill_rest_launch_ms_mean"] = 1e3 * sum(s.launch_seconds for s in rest) / len(rest)
     return out

@@ -13,7 +13,9 @@ from stages.common.workloads import offline
 
 def test_steps_fall_in_their_phase_and_sum_to_the_run():
     steps = [
-        StepRecord(0.50, prompt_tokens=4000, decode_rows=0, output_tokens=8),  # prefill alone
+        StepRecord(
+            0.50, prompt_tokens=4000, decode_rows=0, output_tokens=8, launch_seconds=0.02
+        ),  # prefill alone
         StepRecord(0.30, prompt_tokens=1000, decode_rows=8, output_tokens=10),  # a chunk beside decodes
         StepRecord(0.10, prompt_tokens=0, decode_rows=10, output_tokens=10),  # the full batch
         StepRecord(0.10, prompt_tokens=0, decode_rows=9, output_tokens=9),  # 90% of it: still full
@@ -32,6 +34,7 @@ def test_steps_fall_in_their_phase_and_sum_to_the_run():
     assert out["tail_launch_ms_mean"] == pytest.approx(5.0) and out["decode_launch_ms_mean"] == 0.0
     # The first step (the run's start in its interval) apart from the steady prefill steps.
     assert out["prefill_first_step_ms"] == pytest.approx(500.0)
+    assert out["prefill_first_launch_ms"] == pytest.approx(20.0)  # its own launch, apart from the run's start
     assert out["prefill_rest_step_ms_mean"] == pytest.approx(300.0)
     assert "prefill_first_step_ms" not in phases(steps[2:], full_share=0.9)  # no prefill step at all
 
