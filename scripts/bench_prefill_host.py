@@ -14,7 +14,9 @@ GPU follows the host, so where `launch_ms` is most of `step_ms` the host sets th
 backend whose launch is longer by as much as its step is has a host cost, not a kernel cost.
 Medians; one JSON for all backends (not a results file: a diagnosis for the logs). `--profile`
 adds, per length, the Python calls with the most time of their own in one more prefill (cProfile:
-its overhead inflates every call, so read the ranking, not the milliseconds).
+its overhead inflates every call, so read the ranking, not the milliseconds). A spec ending in
+`:no-replay` (`--attn fa fa:no-replay`) builds its engine with FINAL_FA4_REPLAY=0: FlashAttention 4
+through its Python interface at every call (final/attention/fa4_replay.py), to compare in one run.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import random
 import statistics
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 PROFILE_ROWS = 30
+NO_REPLAY = ":no-replay"
 
 
 def measure(
@@ -42,13 +47,16 @@ def measure(
     batch: int = 1,
 ) -> dict[str, Any]:
     import final
+    from final.attention import fa4_replay
     from scripts.bench_offline_phases import recording
 
     cpu = device == "cpu"
     # A budget for the largest batch of prompts in one step (the offline workload's first steps).
     budget = max(16384, batch * max(lengths))
-    llm = final.LLM(str(model), device=device, dtype="float32" if cpu else "bfloat16", attn=attn, page_size=16,
-                    max_prefill_length=budget)  # fmt: skip
+    spec = attn.removesuffix(NO_REPLAY)  # the switch is read where the engine builds its backend
+    with patch.dict(os.environ, {fa4_replay.ENV: "0"} if spec != attn else {}):
+        llm = final.LLM(str(model), device=device, dtype="float32" if cpu else "bfloat16", attn=spec,
+                        page_size=16, max_prefill_length=budget)  # fmt: skip
     vocab = llm.config.vocab_size
     rng = random.Random(seed)
     params = final.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)

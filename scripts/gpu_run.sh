@@ -24,7 +24,7 @@
 #   test-attn     the attention backends' GPU tests (kernels, graphs, engines): on a fresh machine
 #                 most of the time goes to compiling kernels, so one call may not hold them all;
 #                 test-attn-fa, test-attn-fi, test-attn-trtllm and test-attn-engine split them;
-#                 test-attn-compile: only FlashAttention 4's compile counts (about a minute)
+#                 test-attn-compile: only FlashAttention 4's compile counts and its replay against its call
 #   bench-attn    offline throughput, batch-1 decode and batch-1 prefill (512, 2048, 8192 tokens) per
 #                 attention backend and pair (ATTN_SPECS="fi fa ..." picks some; about 80 s each),
 #                 into benchmarks/results/<gpu>/attn_<workload>_<backends>_<gpu>.json; then prints
@@ -48,7 +48,8 @@
 #                 and with FINAL_PDL=0, in one call: final_latency_pdl1_<gpu>.json, _pdl0_
 #   prefill-host  per backend (ATTN_SPECS, default "fi fa"), the host's launch time of a batch-1 prefill
 #                 at 512, 2048, 8192 tokens against the whole prefill (scripts/bench_prefill_host.py), into
-#                 logs/prefill_host.json: a slower first token from the kernels or from the host (issue 26)
+#                 logs/prefill_host.json: a slower first token from the kernels or from the host (issue 26);
+#                 ATTN_SPECS="fa fa:no-replay": FlashAttention 4 with and without its call replayed
 #   prefill-kernels  the GPU kernels of one prefill of 32 fresh 512-token prompts, final/ and Mini-SGLang
 #                 (scripts/kernel_table.py --prefill-prompts; needs .peers), into logs/prefill_kernels_*.json
 #   test-stage07  stage 07's GPU tests (TP=2, and TP=4 on 4 GPUs, against TP=1; a killed rank)
@@ -214,10 +215,10 @@ run_step() {
     test-attn-fa|test-attn-fi|test-attn-trtllm)  # one backend's kernel and graph tests
       b=${1#test-attn-}
       OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py \
-        -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside or ${b}4_compiles or ${b}_plans_from_pinned" ;;
+        -k "kernels_match_the_torch_backend[$b- or eager_torch[$b] or ${b}_prefill_outside or ${b}4_compiles or ${b}4_replay or ${b}_plans_from_pinned" ;;
     test-attn-engine) OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py -k "engine or auto" ;;
-    test-attn-compile)  # issue 26's proof, about a minute: FlashAttention 4 compiles nothing per length
-      OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py -k "fa4_compiles" ;;
+    test-attn-compile)  # issue 26's proof, about a minute: FlashAttention 4 compiles nothing per length, and its replay matches
+      OUT=$out bash scripts/run_gpu_tests.sh tests/final/attention/test_final_gpu_attention.py -k "fa4_compiles or fa4_replay" ;;
     bench-attn)
       # Every backend and pair at page size 16 (one every kernel takes): the offline workload, batch-1
       # decode (latency) and batch-1 prefill at 512, 2048 and 8192 tokens, one fresh process each,

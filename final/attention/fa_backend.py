@@ -24,6 +24,7 @@ from typing import Protocol
 import torch
 
 from ..core.errors import UserError
+from .fa4_replay import FA4Replay
 from .libraries import FLASH_ATTENTION_2, FLASH_ATTENTION_3, FLASH_ATTENTION_4
 from .paged import PagedBackend, PagedMetadata
 from .spec import Library
@@ -51,40 +52,57 @@ class FlashAttention4:
     a second, identical kernel: seconds inside the first long prompt's TTFT (issue 26). Without it the
     bound is the step's query count and the flag stays false (line 950): one prefill kernel per
     head size, dtype, causal mask and page size on Hopper. Blackwell may add one for steps of at
-    most 128 / group rows (one Q tile per CTA, line 389); batches above 256 requests one more
-    (line 82). tests/final/attention/test_final_gpu_attention.py counts them.
+    most 128 / group rows (one Q tile per CTA, line 389); prefills of more than 256 requests add
+    one on either (line 82: a batch-lookup aid the interface computes per call, line 1331).
+    tests/final/attention/test_final_gpu_attention.py counts them.
+
+    So on Hopper every call of a kind (phase, and that side of 256 requests) ends in the same
+    compiled call, and the interface's Python that gets there (an autograd Function, checks,
+    heuristics, the key: a few hundred lines per layer per step, on the host, in the eager
+    prefill's TTFT) has nothing left to decide. `replay` (fa4_replay.py) records that call once
+    per kind and then makes it directly, unless the interface passed anything it computed per
+    call; `FINAL_FA4_REPLAY=0` turns it off.
     """
 
-    def __init__(self, module):
+    def __init__(self, module, replay: bool | None = None):
         self.attention = module.flash_attn_varlen_func  # returns (out, lse); lse is None here
+        self.replay = FA4Replay(module, replay)  # replay None: as FINAL_FA4_REPLAY says
 
     def prefill(self, q, k_cache, v_cache, m, scale):
-        # Tensors, and arguments that are the same at every step: nothing here changes the key.
-        out, _ = self.attention(
-            q,
-            k_cache,
-            v_cache,
-            cu_seqlens_q=m.cu_seqlens_q,
-            seqused_k=m.seq_lens,
-            page_table=m.block_table,
-            softmax_scale=scale,
-            causal=True,
-        )
-        return out
+        def official():
+            # Tensors, and arguments that are the same at every step: nothing here changes the key.
+            return self.attention(
+                q,
+                k_cache,
+                v_cache,
+                cu_seqlens_q=m.cu_seqlens_q,
+                seqused_k=m.seq_lens,
+                page_table=m.block_table,
+                softmax_scale=scale,
+                causal=True,
+            )[0]
+
+        ours = (q, k_cache, v_cache, m.cu_seqlens_q, m.seq_lens, m.block_table)
+        return self.replay("prefill", ours, scale, official)
 
     def decode(self, q, k_cache, v_cache, m, scale):
         # One query per request: the batched layout [B, 1, heads, head_dim], no cumulative lengths.
         # num_splits stays 1: FlashAttention 4 has no split-KV kernels on Hopper.
-        out, _ = self.attention(
-            q.unsqueeze(1),
-            k_cache,
-            v_cache,
-            seqused_k=m.seq_lens,
-            page_table=m.block_table,
-            softmax_scale=scale,
-            causal=True,
-        )
-        return out.squeeze(1)
+        q = q.unsqueeze(1)
+
+        def official():
+            return self.attention(
+                q,
+                k_cache,
+                v_cache,
+                seqused_k=m.seq_lens,
+                page_table=m.block_table,
+                softmax_scale=scale,
+                causal=True,
+            )[0]
+
+        ours = (q, k_cache, v_cache, m.seq_lens, m.block_table)
+        return self.replay("decode", ours, scale, official).squeeze(1)
 
 
 # --8<-- [end:fa4]

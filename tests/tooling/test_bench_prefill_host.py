@@ -4,7 +4,10 @@ of a batch-1 prefill and the whole prefill, the launch inside it."""
 from __future__ import annotations
 
 import json
+import os
 
+import final
+from final.attention import fa4_replay
 from scripts.bench_prefill_host import main
 
 
@@ -27,3 +30,19 @@ def test_a_batch_of_prompts_is_one_prefill_step(tiny_qwen3_dir, tmp_path):
     data = json.loads((tmp_path / "b3.json").read_text())
     row = data["by_attn"]["torch"]["24"]
     assert data["batch"] == 3 and row["prompt_tokens"] == 3 * 24 and 0 < row["launch_ms"]
+
+
+def test_a_no_replay_spec_builds_its_engine_with_fa4_replay_off(tiny_qwen3_dir, tmp_path, monkeypatch):
+    built, real = [], final.LLM
+
+    def llm(*args, **kwargs):
+        built.append((kwargs["attn"], os.environ.get(fa4_replay.ENV)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(final, "LLM", llm)
+    monkeypatch.delenv(fa4_replay.ENV, raising=False)
+    assert main(["--model", str(tiny_qwen3_dir), "--attn", "torch", "torch:no-replay", "--device", "cpu",
+                 "--tokens", "8", "--repeats", "1", "--out-dir", str(tmp_path)]) == 0  # fmt: skip
+    assert built == [("torch", None), ("torch", "0")] and fa4_replay.ENV not in os.environ
+    data = json.loads((tmp_path / "prefill_host.json").read_text())
+    assert set(data["by_attn"]) == {"torch", "torch:no-replay"}

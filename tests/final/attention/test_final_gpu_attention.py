@@ -11,6 +11,8 @@ comparison), eagerly and with decode graphs, with radix hits and chunked prompts
 
 Compilation: FlashAttention 4 compiles one kernel per compile key; prompts of any length after a
 short warm-up must find theirs compiled (issue 26: a 512-token prompt compiled a second one).
+Its compiled call replayed without its Python interface (fa4_replay.py) gives the official
+call's output bit for bit, over lengths, batch sizes and page sizes.
 
 Run them with `bash scripts/gpu_run.sh test-attn` (the device kit brings flash-attn-4 and
 FlashInfer). tests/final/attention/test_final_attention_backends.py checks the same logic on the CPU.
@@ -18,6 +20,8 @@ FlashInfer). tests/final/attention/test_final_attention_backends.py checks the s
 
 from __future__ import annotations
 
+import importlib
+import random
 from itertools import product
 
 import pytest
@@ -25,6 +29,7 @@ import torch
 
 import final
 from final.attention.choose import resolve_attention
+from final.attention.fa_backend import FlashAttention4
 from final.attention.factory import create_backend
 from final.attention.registry import auto_candidates
 from final.attention.torch_backend import TorchBackend
@@ -243,6 +248,68 @@ def test_fa4_compiles_one_kernel_per_phase_whatever_the_lengths(capability, page
     ragged = make_batch(table, page_size, [0, 1, 2, 3], [300, 2100, 1, 65], [4100, 2100, 700, 130])
     compare_shapes_only(backend, ragged, config)
     assert fa4_kernels() == warm, new_kernels(warm, fa4_kernels())
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_fa4_replay_matches_the_official_call_bit_for_bit(capability, page_size):
+    """fa4_replay.py against FlashAttention 4's official call, on the same fresh random q: prefill
+    batches of 1 to 8 requests of 1 to 2,000 new tokens over cached prefixes, one of 300 requests
+    (past the interface's batch-lookup threshold), decode batches of 1 to 300; q contiguous and
+    as the model's strided view. Bit for bit equal. On Hopper each kind of call but a prefill of
+    more requests than the threshold (the interface computes a lookup aid for it) is replayed
+    after its first; the interface is entered once per kind, and again only for that one."""
+    module = importlib.import_module("flash_attn.cute")
+    threshold = module.interface.BIN_BATCH_SEARCH_THRESH
+    rng = random.Random(page_size)
+    rows = 300
+    row_lens = [rng.randint(1, 2100) for _ in range(8)] + [rng.randint(1, 300) for _ in range(rows - 8)]
+    config = attention_config(128, heads=KV_HEADS * 2, kv_heads=KV_HEADS, max_context=2100)
+    num_pages = sum(-(-n // page_size) for n in row_lens) + 4
+    pool, table = make_pool_and_table(
+        config, page_size, num_pages, rows=rows, device="cuda", dtype=torch.bfloat16
+    )
+    write_pages(table, scattered_pages(page_size, row_lens, num_pages))
+    backend = build_backend("fa", config, pool, table)
+    official, replayed = FlashAttention4(module, replay=False), FlashAttention4(module, replay=True)
+    entered = 0
+
+    def counted(*args, **kwargs):
+        nonlocal entered
+        entered += 1
+        return module.flash_attn_varlen_func(*args, **kwargs)
+
+    replayed.attention = counted
+    steps = []  # (rows, query lens, seq lens)
+    for _ in range(8):
+        picked = rng.sample(range(8), rng.randint(1, 8))
+        seq_lens = [rng.randint(1, row_lens[r]) for r in picked]
+        steps.append((picked, [rng.randint(1, min(s, 2000)) for s in seq_lens], seq_lens))
+    for _ in range(2):  # more requests than the threshold, short chunks
+        seq_lens = [rng.randint(1, n) for n in row_lens]
+        steps.append((list(range(rows)), [rng.randint(1, min(s, 4)) for s in seq_lens], seq_lens))
+    for size in (1, 2, 7, 64, 255, 257, 300, 3, 300):
+        picked = rng.sample(range(rows), size)
+        steps.append((picked, [1] * size, [rng.randint(1, row_lens[r]) for r in picked]))
+    big_prefills = 0
+    for seed, (picked, query_lens, seq_lens) in enumerate(steps):
+        batch = make_batch(table, page_size, picked, query_lens, seq_lens)
+        q, _, _ = make_qkv(batch, config, torch.bfloat16, seed)
+        q = q.contiguous() if seed % 2 else q  # the fused kernel's q, or the model's strided view
+        backend.prepare(batch)
+        phase = "prefill" if batch.is_prefill else "decode"
+        args = (q, pool.k[0], pool.v[0], backend.metadata, backend.scale)
+        want, got = getattr(official, phase)(*args), getattr(replayed, phase)(*args)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), (phase, len(picked), page_size, seed)
+        big_prefills += batch.is_prefill and len(picked) > threshold
+    kinds = replayed.replay.kinds
+    if capability[0] != 9:  # the interface every time
+        assert kinds == {} and entered == len(steps)
+        return
+    # A kind is (phase, ..., more requests than the threshold): fa4_replay.FA4Replay.__call__.
+    refused = [kind for kind, r in kinds.items() if r is None and not (kind[0] == "prefill" and kind[-1])]
+    assert not refused, refused
+    assert entered <= len(kinds) + big_prefills, (entered, len(kinds), big_prefills)
 
 
 def compare_shapes_only(backend, batch, config) -> None:
