@@ -29,6 +29,7 @@ from typing import Any
 # before it is a functor (elementwise). kv-store's `index_put` is torch's `cache[slots] = k`, how
 # the stages' and final/'s KV pools store K and V, two a layer; the one other in a decode step,
 # final/'s runner writing the sampled tokens into its token table, is counted with them.
+# `pick_kernel` is the second pass of final/'s Gumbel-max sampler (final/kernels/sampling.py).
 CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     ("nccl", r"nccl|all_?reduce|all_?gather|reduce_?scatter|cross_device_reduce"),
     (
@@ -42,7 +43,8 @@ CATEGORY_RULES: tuple[tuple[str, str], ...] = (
     ("activation", r"silu|gelu|swiglu|act_and_mul|relu|sigmoid|tanh"),
     (
         "sampling",
-        r"sampling|gumbel|argmax|argmin|topk|top_k|sort|softmax|multinomial|exponential|distribution|philox",
+        r"sampling|gumbel|pick_kernel|argmax|argmin|topk|top_k|sort|softmax|multinomial|exponential"
+        r"|distribution|philox",
     ),
     ("gemm", r"gemm|gemv|nvjet|cublas|cutlass|xmma|matmul|splitk"),
     (

@@ -63,6 +63,44 @@ def cell(table: dict[str, Any] | None, category: str | None) -> str:
     return us(by.get(category, 0.0))
 
 
+TOLERANCE = 0.03  # issue 31: no category more than 3% over Mini-SGLang's
+
+
+def over_minisgl(data: dict[str, Any]) -> list[str]:
+    """Each (case, category) where final/'s GPU time exceeds Mini-SGLang's by more than TOLERANCE,
+    as text. norm, rope and kv-store are judged together (the fused kernel does all three)."""
+    found = []
+    for row in data["kernels"]:
+        ours, theirs = row.get("final"), row.get("mini-sglang")
+        if not ours or not theirs:
+            continue
+        judged = [c for c in CATEGORIES if c not in COMBINED] + ["+".join(COMBINED)]
+        for category in judged:
+            a, b = (float(cell(t, category).replace(",", "")) for t in (ours, theirs))
+            if a > b * (1 + TOLERANCE) and a - b >= 0.05:
+                found.append(f"{case_name(row)}, {category.replace('+', ' + ')} ({us(a)} against {us(b)} µs)")
+    return found
+
+
+def idle_share(data: dict[str, Any]) -> float | None:
+    """The served batch-1 step's idle GPU time: 1 - busy time / step time, both of one call."""
+    step_ms = data.get("metrics", {}).get("latency_final")
+    rows = [r for r in data["kernels"] if r["batch"] == 1 and r["temperature"] == 0 and r.get("final")]
+    if not step_ms or not rows or "busy_us_per_step" not in rows[0]["final"]:
+        return None
+    return 1 - rows[0]["final"]["busy_us_per_step"] / 1000 / step_ms
+
+
+def verdict(data: dict[str, Any]) -> str:
+    over = over_minisgl(data)
+    text = "Over Mini-SGLang's by more than 3%: " + ("; ".join(over) if over else "no category") + "."
+    idle = idle_share(data)
+    if idle is not None:
+        step = data["metrics"]["latency_final"]
+        text += f" The served batch-1 step ({step:.3f} ms) is {idle:.1%} idle GPU time (the goal: under 5%)."
+    return text
+
+
 def render_gpu(gpu: str, data: dict[str, Any]) -> list[str]:
     rows = data["kernels"]
     engines = [(key, label) for key, label in ENGINES if any(row.get(key) for row in rows)]
@@ -83,6 +121,7 @@ def render_gpu(gpu: str, data: dict[str, Any]) -> list[str]:
     busy = all("busy_us_per_step" in row[k] for row in rows for k, _ in engines if row.get(k))
     how = "each overlapped stretch counted once" if busy else "kernel durations summed (overlaps twice)"
     out += ["", f"`{data['name']}`, {when}, commit `{commit}`, run `{data.get('run_id', '?')}`; {how}.", ""]
+    out += [verdict(data), ""]
     return out
 
 

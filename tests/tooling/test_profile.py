@@ -273,6 +273,7 @@ KNOWN_KERNELS = [  # (name in a trace, short name, category)
     ("decode_inputs_kernel", "decode_inputs_kernel", "copy/index"),
     ("kv_indices_kernel", "kv_indices_kernel", "copy/index"),
     ("gumbel_max_kernel", "gumbel_max_kernel", "sampling"),
+    ("pick_kernel", "pick_kernel", "sampling"),
     ("void my_own_kernel<3>(float*)", "my_own_kernel", "other"),
 ]
 

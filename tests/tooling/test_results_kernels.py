@@ -83,3 +83,31 @@ def test_the_table_is_the_call_where_final_ran_mini_sglangs_attention(tmp_path: 
     assert results_kernels.versus_files(tmp_path)["H200"]["config"]["final_attn"] == "fi"
     same.unlink()  # with no such call, the newest
     assert results_kernels.versus_files(tmp_path)["H200"]["config"]["final_attn"] == "auto"
+
+
+def test_the_verdict_names_each_category_over_by_more_than_three_percent(tmp_path: Path) -> None:
+    """The page's "over by more than 3%" line is computed, not written: gemm 50 against 50 passes,
+    norm + rope + kv-store is judged together (40 against 50 passes although kv-store alone is
+    over), and a category 4% over is named with both figures."""
+    write_versus(tmp_path, with_base=False)
+    assert "Over Mini-SGLang's by more than 3%: no category." in results_kernels.render(tmp_path)
+    path = tmp_path / "h200" / "versus_minisgl_h200.json"
+    data = json.loads(path.read_text())
+    data["kernels"][0]["final"]["by_category_us"]["gemm"] = 52.0  # 4% over
+    data["kernels"][0]["mini-sglang"]["by_category_us"]["sampling"] = 8.0
+    data["kernels"][0]["final"]["by_category_us"]["sampling"] = 8.2  # 2.5% over: within
+    path.write_text(json.dumps(data))
+    page = results_kernels.render(tmp_path)
+    assert "Over Mini-SGLang's by more than 3%: batch 1, greedy, gemm (52.0 against 50.0 µs)." in page
+
+
+def test_the_idle_share_is_the_served_step_less_the_busy_time(tmp_path: Path) -> None:
+    write_versus(tmp_path, with_base=False)
+    path = tmp_path / "h200" / "versus_minisgl_h200.json"
+    data = json.loads(path.read_text())
+    assert results_kernels.idle_share(data) is None  # no step time, no busy time: no claim
+    data["metrics"] = {"latency_final": 0.1}  # a 100 µs step
+    data["kernels"][0]["final"]["busy_us_per_step"] = 93.0
+    path.write_text(json.dumps(data))
+    assert abs(results_kernels.idle_share(data) - 0.07) < 1e-9
+    assert "(0.100 ms) is 7.0% idle GPU time" in results_kernels.render(tmp_path)

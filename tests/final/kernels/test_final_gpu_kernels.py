@@ -391,7 +391,7 @@ def test_flashinfer_sampling_draws_the_reference_distribution(monkeypatch, kwarg
     or the Gumbel-max kernel (the temperature alone): the frequencies must be the reference's
     masked softmax, token by token."""
     calls = []
-    path = "flashinfer_sample" if kwargs else "triton_gumbel_sample"
+    path = "flashinfer_sample" if kwargs else "triton_sample"  # the sampler's table kernel
     real = getattr(sampling_kernels, path)
     monkeypatch.setattr(sampling_kernels, path, lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(1)
