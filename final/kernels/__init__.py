@@ -64,5 +64,10 @@ def pdl_available(device: torch.device) -> bool:
     return any(f.name == "launch_pdl" for f in dataclasses.fields(CUDAOptions))
 
 
+def use_pdl(x: torch.Tensor) -> bool:
+    """Programmatic dependent launch for a kernel on this tensor's GPU (pdl_available)."""
+    return x.is_cuda and pdl_available(x.device)
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()

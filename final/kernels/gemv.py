@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from . import next_power_of_2, pdl_available, use_triton
+from . import next_power_of_2, use_pdl, use_triton
 
 # (largest output width, largest token count that takes the kernel there), narrowest first: where
 # the kernel beat cuBLAS on the H200 (see above). Wider than the last entry: cuBLAS always.
@@ -138,11 +138,6 @@ def _jit():
         tl.store(out, acc.to(y.dtype.element_ty), mask=(m < M)[:, None] & n_in[None, :])
 
     return gemv_kernel
-
-
-def use_pdl(x: torch.Tensor) -> bool:
-    """Programmatic dependent launch for the kernel on this tensor's GPU (see the module docstring)."""
-    return x.is_cuda and pdl_available(x.device)
 
 
 def triton_linear(

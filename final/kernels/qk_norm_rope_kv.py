@@ -17,6 +17,11 @@ The math, per head of head_dim d, in float32 as the op-by-op path does it:
 
 Padding rows of a CUDA-graph step have position 0 and a slot in the padding page: they write
 garbage there, which no request reads.
+
+On Hopper it is launched with programmatic dependent launch (`FINAL_PDL=0` turns it off, as for
+the GEMV): it may start while the qkv projection ends, reads the norm weights, waits for that
+kernel, and lets attention start launching. At batch 1 a decode step's idle GPU time is mostly the
+GPU starting each of ~300 graph kernels after the one before (docs/serving/performance.md).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import functools
 
 import torch
 
-from . import next_power_of_2, use_triton
+from . import next_power_of_2, use_pdl, use_triton
 from .kv_write import torch_store_kv
 
 SMALL_STEP_TOKENS = 256  # up to here each program takes one head: many small programs fill the GPU
@@ -80,6 +85,11 @@ def _jit():
     import triton
     import triton.language as tl
 
+    try:
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:  # an older Triton: PDL stays off (pdl_available), the branch never compiles
+        gdc_launch_dependents = gdc_wait = None
+
     @triton.jit
     def fused_qk_norm_rope_store_kv_kernel(
         qkv,
@@ -102,6 +112,7 @@ def _jit():
         HEADS: tl.constexpr,
         NORM: tl.constexpr,
         FP8: tl.constexpr,
+        PDL: tl.constexpr,  # launched with programmatic dependent launch: wait before reading qkv
     ):
         HALF: tl.constexpr = HEAD_DIM // 2
         Q_BLOCKS: tl.constexpr = (NUM_Q_HEADS + HEADS - 1) // HEADS
@@ -109,9 +120,6 @@ def _jit():
         block = tl.program_id(1)
         i = tl.arange(0, BLOCK_HALF)
         i_in = i < HALF
-        position = tl.load(positions + token).to(tl.int64)
-        cos = tl.load(cos_sin + position * HEAD_DIM + i, mask=i_in, other=0.0)[None, :]
-        sin = tl.load(cos_sin + position * HEAD_DIM + HALF + i, mask=i_in, other=0.0)[None, :]
         is_query = block < Q_BLOCKS
         if is_query:
             head = block * HEADS + tl.arange(0, HEADS)
@@ -121,6 +129,17 @@ def _jit():
             head = (block - Q_BLOCKS) * HEADS + tl.arange(0, HEADS)
             inside = (head < NUM_KV_HEADS)[:, None] & i_in[None, :]
             weight = k_weight
+        if NORM:  # the model's weights, which no kernel writes: read while the kernel before ends
+            w1 = tl.load(weight + i, mask=i_in, other=0.0).to(tl.float32)[None, :]
+            w2 = tl.load(weight + HALF + i, mask=i_in, other=0.0).to(tl.float32)[None, :]
+        if PDL:
+            # Everything else after the wait: qkv is the projection's output, and positions and
+            # slots were written by this step's first kernels. Then attention may start launching.
+            gdc_wait()
+            gdc_launch_dependents()
+        position = tl.load(positions + token).to(tl.int64)
+        cos = tl.load(cos_sin + position * HEAD_DIM + i, mask=i_in, other=0.0)[None, :]
+        sin = tl.load(cos_sin + position * HEAD_DIM + HALF + i, mask=i_in, other=0.0)[None, :]
         # Keys sit after the NUM_Q_HEADS query heads in a row of qkv.
         column = tl.where(is_query, head, NUM_Q_HEADS + head)[:, None] * HEAD_DIM + i[None, :]
         src = qkv + token * qkv_token_stride + column
@@ -128,8 +147,6 @@ def _jit():
         x2 = tl.load(src + HALF, mask=inside, other=0.0).to(tl.float32)
         if NORM:
             inv_rms = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HEAD_DIM + eps)
-            w1 = tl.load(weight + i, mask=i_in, other=0.0).to(tl.float32)[None, :]
-            w2 = tl.load(weight + HALF + i, mask=i_in, other=0.0).to(tl.float32)[None, :]
             # Rounded to the activation dtype, as the separate norm kernel's output would be.
             x1 = (x1 * inv_rms[:, None] * w1).to(qkv.dtype.element_ty).to(tl.float32)
             x2 = (x2 * inv_rms[:, None] * w2).to(qkv.dtype.element_ty).to(tl.float32)
@@ -186,6 +203,8 @@ def triton_qk_norm_rope_kv(
     norm = q_weight is not None and k_weight is not None
     heads = 1 if tokens <= SMALL_STEP_TOKENS else 4
     blocks = -(-num_q_heads // heads) + -(-num_kv_heads // heads)
+    pdl = use_pdl(qkv)
+    launch = {"launch_pdl": True} if pdl else {}  # an option only a CUDA launch knows
     _jit()[(tokens, blocks)](
         qkv,
         q,
@@ -207,7 +226,9 @@ def triton_qk_norm_rope_kv(
         HEADS=heads,
         NORM=norm,
         FP8=k_cache.dtype == torch.float8_e4m3fn,
+        PDL=pdl,
         num_warps=1 if heads * head_dim <= 256 else 4,
+        **launch,
     )
     return q
 

@@ -380,12 +380,13 @@ def test_kernels_compile_for_hopper():
              "positions": "*i32", "cos_sin": "*fp32", "q_weight": "*bf16", "k_weight": "*bf16",
              "qkv_token_stride": "i32", "eps": "fp32", "k_scale": "fp32", "v_scale": "fp32",
              "NUM_Q_HEADS": const, "NUM_KV_HEADS": const, "HEAD_DIM": const, "BLOCK_HALF": const,
-             "HEADS": const, "NORM": const, "FP8": const},
+             "HEADS": const, "NORM": const, "FP8": const, "PDL": const},
             {"NUM_Q_HEADS": 16, "NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_HALF": 64, "HEADS": heads,
-             "NORM": norm, "FP8": cache == "fp8e4nv"},
+             "NORM": norm, "FP8": cache == "fp8e4nv", "PDL": pdl},
         )
-        for heads, norm, cache in ((1, True, "bf16"), (4, False, "fp8e4nv"))
+        for heads, norm, cache, pdl in ((1, True, "bf16", True), (4, False, "fp8e4nv", False))
     ]  # fmt: skip
+    fused_pdl, fused_plain = kernels[-2:]
     decode_inputs, kv_indices = step_metadata._jit()
     kernels += [
         compile_for_hopper(
@@ -441,7 +442,11 @@ def test_kernels_compile_for_hopper():
     assert all("ld.global.v4" in g.asm["ptx"] for g in gemvs)
     # Under programmatic dependent launch it waits for the kernel before it (griddepcontrol.wait)
     # only after its first load of W, and lets the next one launch; without it, neither.
-    assert "griddepcontrol" not in gemvs[0].asm["ptx"]
+    assert "griddepcontrol" not in gemvs[0].asm["ptx"] and "griddepcontrol" not in fused_plain.asm["ptx"]
+    # The fused q/k-norm + RoPE + K/V kernel under it: the wait before the stores of q and of the
+    # cache (and before every read of qkv), then the next kernel may launch.
+    ptx = fused_pdl.asm["ptx"]
+    assert ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents") < ptx.index("st.global")
     for pdl in gemvs[1:]:
         ptx = pdl.asm["ptx"]
         assert (
