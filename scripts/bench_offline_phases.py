@@ -18,7 +18,8 @@ Per phase the result has its steps, seconds, share of the run, output tokens and
 second (`<phase>_s`, `<phase>_share`, ...; `prefill_prompt_tokens` for the prompt tokens
 computed), and the host's mean time inside `launch` (`<phase>_launch_ms_mean`: prefill steps run
 eagerly, kernel by kernel, so their launch may take as long as the step before it runs, and then
-the GPU waits), so the offline gap to Mini-SGLang (docs/serving/performance.md, "What is left") can be
+the GPU waits), and `lead_in_ms`, from the timed call's start to its first launch (the offline
+API preparing the batch, inside the first step's interval), so the offline gap to Mini-SGLang (docs/serving/performance.md, "What is left") can be
 placed: a slow prefill, a slow full-batch decode, or a long tail.
 """
 
@@ -42,6 +43,7 @@ class StepRecord:
     decode_rows: int  # requests the step decoded one token for
     output_tokens: int  # tokens the step sampled (decodes, and prompts it finished)
     launch_seconds: float = 0.0  # the host's time inside `launch` (an eager step's kernel launches)
+    lead_in_seconds: float = 0.0  # the run's first step only: from the run's start to its launch
 
 
 def phase_of(step: StepRecord, full_batch: int, full_share: float) -> str:
@@ -61,6 +63,9 @@ def phases(steps: list[StepRecord], full_share: float = 0.9) -> dict[str, float]
         "output_tok_per_s": sum(s.output_tokens for s in steps) / total_s if total_s else 0.0,
         "full_batch": full_batch,
         "prefill_prompt_tokens": sum(s.prompt_tokens for s in steps),
+        # From the run's start to its first launch: the offline API preparing the whole batch
+        # (checks, queueing, the first schedule), inside the first step's interval.
+        "lead_in_ms": 1e3 * steps[0].lead_in_seconds if steps else 0.0,
     }
     for phase in PHASES:
         mine = [s for s in steps if phase_of(s, full_batch, full_share) == phase]
@@ -82,7 +87,7 @@ def phases(steps: list[StepRecord], full_share: float = 0.9) -> dict[str, float]
     if len(prefill) > 1 and steps[0] is prefill[0]:
         rest = prefill[1:]
         out["prefill_first_step_ms"] = 1e3 * prefill[0].seconds
-        out["prefill_first_launch_ms"] = 1e3 * prefill[0].launch_seconds  # the rest: the run's start
+        out["prefill_first_launch_ms"] = 1e3 * prefill[0].launch_seconds
         out["prefill_rest_step_ms_mean"] = 1e3 * sum(s.seconds for s in rest) / len(rest)
         out["prefill_rest_launch_ms_mean"] = 1e3 * sum(s.launch_seconds for s in rest) / len(rest)
     return out
@@ -103,22 +108,29 @@ def recording(core: Any) -> Iterator[list[StepRecord]]:
     """Records every step `core` (an EngineCore) launches and collects while the block runs: what
     the step carried is read at launch, before launching changes the requests; its time at collect."""
     steps: list[StepRecord] = []
-    carried: dict[int, tuple[int, int, float]] = {}  # id(handle) -> (prompt tokens, decode rows, launch s)
+    # id(handle) -> (prompt tokens, decode rows, launch s, lead-in s)
+    carried: dict[int, tuple[int, int, float, float]] = {}
     launch, collect = core.launch, core.collect
     last = [time.perf_counter()]
+    begun = last[0]
+    launched_any = [False]
 
     def timed_launch(batch: Any, *between_layers: Any) -> Any:
         prompt_tokens, decode_rows = batch.load()
         start = time.perf_counter()
+        lead_in = 0.0 if launched_any[0] else start - begun
+        launched_any[0] = True
         handle = launch(batch, *between_layers)
-        carried[id(handle)] = (prompt_tokens, decode_rows, time.perf_counter() - start)
+        carried[id(handle)] = (prompt_tokens, decode_rows, time.perf_counter() - start, lead_in)
         return handle
 
     def timed_collect(handle: Any) -> Any:
         out = collect(handle)
         now = time.perf_counter()
-        prompt_tokens, decode_rows, launched = carried.pop(id(handle), (0, 0, 0.0))
-        steps.append(StepRecord(now - last[0], prompt_tokens, decode_rows, len(handle.sampled), launched))
+        prompt_tokens, decode_rows, launched, lead_in = carried.pop(id(handle), (0, 0, 0.0, 0.0))
+        steps.append(
+            StepRecord(now - last[0], prompt_tokens, decode_rows, len(handle.sampled), launched, lead_in)
+        )
         last[0] = now
         return out
 

@@ -13,9 +13,10 @@ from stages.common.workloads import offline
 
 def test_steps_fall_in_their_phase_and_sum_to_the_run():
     steps = [
+        # prefill alone, the run's first step: 0.3 s of the run's start before its launch
         StepRecord(
-            0.50, prompt_tokens=4000, decode_rows=0, output_tokens=8, launch_seconds=0.02
-        ),  # prefill alone
+            0.50, prompt_tokens=4000, decode_rows=0, output_tokens=8, launch_seconds=0.02, lead_in_seconds=0.3
+        ),
         StepRecord(0.30, prompt_tokens=1000, decode_rows=8, output_tokens=10),  # a chunk beside decodes
         StepRecord(0.10, prompt_tokens=0, decode_rows=10, output_tokens=10),  # the full batch
         StepRecord(0.10, prompt_tokens=0, decode_rows=9, output_tokens=9),  # 90% of it: still full
@@ -35,6 +36,7 @@ def test_steps_fall_in_their_phase_and_sum_to_the_run():
     # The first step (the run's start in its interval) apart from the steady prefill steps.
     assert out["prefill_first_step_ms"] == pytest.approx(500.0)
     assert out["prefill_first_launch_ms"] == pytest.approx(20.0)  # its own launch, apart from the run's start
+    assert out["lead_in_ms"] == pytest.approx(300.0)  # and the run's start before it
     assert out["prefill_rest_step_ms_mean"] == pytest.approx(300.0)
     assert "prefill_first_step_ms" not in phases(steps[2:], full_share=0.9)  # no prefill step at all
 
@@ -63,3 +65,5 @@ def test_a_cpu_run_accounts_for_every_token_of_the_workload(tiny_qwen3_dir, tmp_
     assert len(detail) == m["prefill_steps"]
     assert sum(d["prompt_tokens"] for d in detail) == m["prefill_prompt_tokens"]
     assert sum(d["ms"] for d in detail) == pytest.approx(1e3 * m["prefill_s"])
+    # The first step's lead-in (the API's preparation) is part of its interval, and only its own.
+    assert 0 < m["lead_in_ms"] < result["prefill_steps"][0]["ms"]
