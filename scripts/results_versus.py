@@ -52,6 +52,7 @@ class Measure:
 
     speedup_on: tuple[str, ...] = ()  # GPUs where the goal is a speed-up even though max_ms is set
     unit: str = " ms"  # max_ms's unit in the goal column ("" for a share)
+    ours_only: bool = False  # a measure only final/ reports (it needs the engine's clock): no ratio
 
     def _speedup_goal(self, device: str) -> float | None:
         if self.max_ms is None or device in self.speedup_on:
@@ -120,6 +121,19 @@ ONLINE_MEASURES = tuple(
             max_ms=BURST_LIMIT,
             unit="",
         ),  # fmt: skip
+        # The same line drawn from the decode steps around each gap, not one median for the whole
+        # load, whose batch ramps up and down with its arrivals (scripts/stream_metrics.py); it
+        # needs the engine's step times, which Mini-SGLang's server does not report.
+        _online(
+            "burst_share_local_step",
+            "gaps < ½ local step (share)",
+            rate,
+            False,
+            rate != "inf",
+            max_ms=BURST_LIMIT,
+            unit="",
+            ours_only=True,
+        ),  # fmt: skip
     )
 )
 
@@ -143,12 +157,13 @@ def as_served(result: Result) -> bool:
 
 
 def usable(results: list[Result], measure: Measure, stage: str, device: str) -> list[Result]:
+    needs_metric = not (measure.ours_only and stage == PEER)
     return [
         r
         for r in results
         if r.stage == stage
         and r.workload == measure.workload
-        and measure.metric in r.metrics
+        and (measure.metric in r.metrics or not needs_metric)
         and device_of(r) == device
         and r.run_id is not None
         and as_served(r)
@@ -178,7 +193,7 @@ def pair(results: list[Result], measure: Measure, device: str) -> tuple[Result, 
 @dataclass(frozen=True)
 class Pair:
     ours: float
-    theirs: float
+    theirs: float | None  # None: a measure only final/ reports
     names: tuple[str, str]  # the result files' names (one for a versus result)
     settings: str
     dirty: tuple[bool, bool]
@@ -208,7 +223,7 @@ def result_pair(results: list[Result], measure: Measure, device: str) -> Pair | 
         return None
     ours, theirs = found
     settings = ", ".join(f"{k}={format_value(ours.config[k])}" for k in SETTINGS if k in ours.config)
-    return Pair(ours.metrics[measure.metric], theirs.metrics[measure.metric], (ours.name, theirs.name),
+    return Pair(ours.metrics[measure.metric], theirs.metrics.get(measure.metric), (ours.name, theirs.name),
                 settings, (dirty(ours), dirty(theirs)), max(ours.timestamp, theirs.timestamp))  # fmt: skip
 
 
@@ -245,14 +260,15 @@ def render(results: list[Result]) -> str:
                 out.append(f"| {measure.title} | {EMPTY} | {EMPTY} |  | {goal} |  |")
                 continue
             a, b = found.ours, found.theirs
-            ratio = speedup(measure, a, b)
-            met = measure.met(device, a, ratio)
+            ratio = speedup(measure, a, b) if b is not None else None
+            met = measure.met(device, a, ratio if ratio is not None else 0.0)
             marks = [DIRTY_MARK if d else "" for d in found.dirty]
             marked = marked or any(marks)
             names = [f"`{name}`{mark}" for name, mark in zip(found.names, marks, strict=False)]
             names[0] += f" ({found.settings})" if found.settings else ""
             out.append(
-                f"| {measure.title} | {format_metric(a)} | {format_metric(b)} | {format_ratio(ratio)} | "
+                f"| {measure.title} | {format_metric(a)} | {'—' if b is None else format_metric(b)} | "
+                f"{'—' if ratio is None else format_ratio(ratio)} | "
                 f"{goal}{': ' + met if met else ''} | {', '.join(names)} |"
             )
         out.append("")

@@ -306,3 +306,25 @@ def test_the_online_plot_is_shown_once_for_all_gpus():
     assert page.count("](plot.png)") == 1
     assert page.index("](plot.png)") > max(page.index("### H100"), page.index("### H200"))
     assert "against the request rate, H100 and H200" in page
+
+
+def test_the_local_step_burst_row_is_final_s_own_with_its_goal():
+    """`burst_share_local_step` needs the engine's step times, which only final/'s server reports:
+    its row shows final/'s share and the goal's verdict, no Mini-SGLang figure and no ratio, and a
+    call whose final/ file lacks it shows no such row."""
+    ours = online_result("final", "final_online_h200", "32", "c1", 40.0, bursts=0.09)
+    theirs = online_result("mini-sglang", "peer_minisgl_online_h200", "32", "c1", 50.0)
+    page = results_versus.render([ours, theirs])
+    assert "local step" not in page  # this final/ file has no local-step figure
+    ours.metrics["burst_share_local_step"] = 0.004
+    page = results_versus.render([ours, theirs]).split("### H200")[1]
+    rows = {row[0]: row[1:] for row in (
+        [c.strip() for c in line.strip("|").split("|")] for line in page.splitlines() if line.startswith("| ")
+    )}  # fmt: skip
+    assert rows["online 32 req/s, gaps < ½ local step (share)"][:4] == ["0.004", "—", "—", "≤ 0.05: met"]
+    assert (
+        rows["online 32 req/s, gaps < ½ step (share)"][3] == "≤ 0.05: not yet"
+    )  # the stricter line, still shown
+    ours.metrics["burst_share_local_step"] = 0.06
+    page = results_versus.render([ours, theirs])
+    assert "| online 32 req/s, gaps < ½ local step (share) | 0.06 | — | — | ≤ 0.05: not yet |" in page

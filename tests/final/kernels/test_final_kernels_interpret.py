@@ -448,7 +448,11 @@ def test_kernels_compile_for_hopper():
     # The fused q/k-norm + RoPE + K/V kernel under it: the wait before the stores of q and of the
     # cache (and before every read of qkv), then the next kernel may launch.
     ptx = fused_pdl.asm["ptx"]
-    assert ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents") < ptx.index("st.global")
+    assert (
+        ptx.index("griddepcontrol.wait")
+        < ptx.index("griddepcontrol.launch_dependents")
+        < ptx.index("st.global")
+    )
     for pdl in gemvs[1:]:
         ptx = pdl.asm["ptx"]
         assert (
