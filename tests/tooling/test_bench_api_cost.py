@@ -25,7 +25,9 @@ def test_counts_every_frame_of_every_stream_and_times_each_process(tmp_path, tin
     assert metrics["streams_frames"] == 3 * 7 and metrics["arrivals_requests"] == 4
     for process in bench.PROCESSES:
         assert f"{process}_frame_us" in metrics and f"{process}_request_us" in metrics
-    assert metrics["api_request_us"] > 0  # the API process parsed and tokenized something
+    # A CPU time read from /proc in clock ticks (10 ms): four small requests may cost the API process
+    # less than one tick, so zero is a valid reading here (it was, once in CI); negative is not.
+    assert all(metrics[f"{p}_request_us"] >= 0 and metrics[f"{p}_frame_us"] >= 0 for p in bench.PROCESSES)
     assert len(result["runs"]) == 2 and result["label"] == "test"
     stack = bench.server_stack()
     assert result["config"]["http"] == stack["http"] and result["config"]["loop"] == stack["loop"]
