@@ -113,13 +113,12 @@ def recording(core: Any) -> Iterator[list[StepRecord]]:
     launch, collect = core.launch, core.collect
     last = [time.perf_counter()]
     begun = last[0]
-    launched_any = [False]
 
     def timed_launch(batch: Any, *between_layers: Any) -> Any:
         prompt_tokens, decode_rows = batch.load()
         start = time.perf_counter()
-        lead_in = 0.0 if launched_any[0] else start - begun
-        launched_any[0] = True
+        first = not steps and not carried  # nothing launched before it
+        lead_in = start - begun if first else 0.0
         handle = launch(batch, *between_layers)
         carried[id(handle)] = (prompt_tokens, decode_rows, time.perf_counter() - start, lead_in)
         return handle

@@ -69,40 +69,31 @@ class FlashAttention4:
         self.replay = FA4Replay(module, replay)  # replay None: as FINAL_FA4_REPLAY says
 
     def prefill(self, q, k_cache, v_cache, m, scale):
-        def official():
-            # Tensors, and arguments that are the same at every step: nothing here changes the key.
-            return self.attention(
-                q,
-                k_cache,
-                v_cache,
-                cu_seqlens_q=m.cu_seqlens_q,
-                seqused_k=m.seq_lens,
-                page_table=m.block_table,
-                softmax_scale=scale,
-                causal=True,
-            )[0]
-
-        ours = (q, k_cache, v_cache, m.cu_seqlens_q, m.seq_lens, m.block_table)
-        return self.replay("prefill", ours, scale, official)
+        return self._call("prefill", q, k_cache, v_cache, m, scale, cu_seqlens_q=m.cu_seqlens_q)
 
     def decode(self, q, k_cache, v_cache, m, scale):
         # One query per request: the batched layout [B, 1, heads, head_dim], no cumulative lengths.
         # num_splits stays 1: FlashAttention 4 has no split-KV kernels on Hopper.
-        q = q.unsqueeze(1)
+        return self._call("decode", q.unsqueeze(1), k_cache, v_cache, m, scale).squeeze(1)
 
+    def _call(self, phase, q, k_cache, v_cache, m, scale, cu_seqlens_q=None):
+        # Tensors, and arguments that are the same at every step of a phase: nothing here changes
+        # the key (the prefill's cumulative lengths are there at every prefill, never at a decode).
         def official():
             return self.attention(
                 q,
                 k_cache,
                 v_cache,
+                cu_seqlens_q=cu_seqlens_q,
                 seqused_k=m.seq_lens,
                 page_table=m.block_table,
                 softmax_scale=scale,
                 causal=True,
             )[0]
 
-        ours = (q, k_cache, v_cache, m.seq_lens, m.block_table)
-        return self.replay("decode", ours, scale, official).squeeze(1)
+        lengths = () if cu_seqlens_q is None else (cu_seqlens_q,)
+        ours = (q, k_cache, v_cache, *lengths, m.seq_lens, m.block_table)
+        return self.replay(phase, ours, scale, official)
 
 
 # --8<-- [end:fa4]

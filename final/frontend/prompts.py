@@ -23,16 +23,19 @@ PROMPT_KEYS = ("prompt", "prompt_token_ids")
 
 
 def _is_token_ids(value: Any) -> bool:
-    return isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0 and _all_ints(value)
+    return _is_sequence(value) and len(value) > 0 and _int_kinds(set(map(type, value)))
 
 
-def _all_ints(value: Sequence[Any]) -> bool:
-    """Whether every item is an integer (numpy's too) and none a bool. Judged per distinct type, not
-    per token: `set(map(type, ...))` runs in C, where an isinstance per token through the
-    numbers.Integral ABC made the offline API spend 130 ms (40 now) between `generate` and its
-    first step on Nano-vLLM's 256 prompts, 143,000 tokens (a 2-core CPU; on the H200 machine the
-    offline run's first step took 485 ms, benchmarks/logs/h200-2026-11-28-s12)."""
-    kinds = set(map(type, value))
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str)
+
+
+def _int_kinds(kinds: set[type]) -> bool:
+    """Whether items of these types are all integers (numpy's too) and none a bool. Judged per
+    distinct type, not per token: `set(map(type, ...))` runs in C, where an isinstance per token
+    through the numbers.Integral ABC made the offline API spend 130 ms (40 now) between `generate`
+    and its first step on Nano-vLLM's 256 prompts, 143,000 tokens (a 2-core CPU; on the H200
+    machine the offline run's first step took 485 ms, benchmarks/logs/h200-2026-11-28-s12)."""
     return kinds <= {int} or all(issubclass(k, numbers.Integral) and not issubclass(k, bool) for k in kinds)
 
 
@@ -69,13 +72,12 @@ def read_prompt(prompt: Any, tokenizer: Tokenizer) -> tuple[str | None, list[int
 
 
 def _token_ids(value: Any) -> list[int]:
-    if isinstance(value, Sequence) and not isinstance(value, str) and not value:
+    if _is_sequence(value) and not value:
         raise UserError("the prompt is empty")
-    if not _is_token_ids(value):
+    kinds = set(map(type, value)) if _is_sequence(value) else set()
+    if not kinds or not _int_kinds(kinds):
         raise UserError(
             f"a prompt must be a string, a list of token ids or a dict, got {type(value).__name__}"
             + (" holding other things than ints" if isinstance(value, Sequence) else "")
         )
-    return (
-        list(value) if type(value[0]) is int and set(map(type, value)) == {int} else [int(t) for t in value]
-    )
+    return list(value) if kinds == {int} else [int(t) for t in value]
