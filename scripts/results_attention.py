@@ -16,6 +16,9 @@ GPU, this makes one table of the pairs, one plot, and the winners of each phase:
 
 The winners are set beside what `auto` picks there: the first candidates of the descriptors'
 `Auto` ranks for the compute capability (final/attention/registry.py), to be edited when they differ.
+`auto` ranks per compute capability, not per GPU: where two GPUs of one capability were measured
+(the H100 and the H200), it follows the one measured last (`auto_basis`), since the newer table ran
+the newer engine; the older one's verdict says so instead of asking for a change.
 """
 
 from __future__ import annotations
@@ -169,8 +172,24 @@ def capability_of(pairs: list[Pair]) -> int | None:
     return next((int(m) for m in majors if m.isdigit()), None)
 
 
-def verdict(pairs: list[Pair]) -> str:
-    """What wins each phase here, against what `auto` picks on this GPU."""
+def measured_at(pairs: list[Pair]) -> str:
+    """When this GPU's table was measured: its newest result's timestamp."""
+    return max((r.timestamp for p in pairs for r in p.results.values()), default="")
+
+
+def auto_basis(by_device: dict[str, list[Pair]]) -> dict[int | None, str]:
+    """Compute-capability major -> the GPU whose table `auto` follows there: the one measured last."""
+    basis: dict[int | None, str] = {}
+    for device, pairs in by_device.items():
+        major = capability_of(pairs)
+        if major not in basis or measured_at(pairs) > measured_at(by_device[basis[major]]):
+            basis[major] = device
+    return basis
+
+
+def verdict(pairs: list[Pair], follows: str | None = None) -> str:
+    """What wins each phase here, against what `auto` picks on this GPU. `follows`: the GPU of the
+    same compute capability measured after this one, whose table `auto` follows instead."""
     w = winners(pairs)
     major = capability_of(pairs)
     picked = auto_picks(major)  # what auto takes where every library is installed
@@ -192,6 +211,8 @@ def verdict(pairs: list[Pair]) -> str:
     says = (
         "agrees"
         if agree
+        else f"differs: it follows the {follows} table, measured later"
+        if follows
         else "does not agree yet: the Auto ranks in final/attention/registry.py are out of date"
     )
     text = "; ".join(parts) + f". `auto` on {where} picks `{_pair(*picked)}`, which {says}."
@@ -218,6 +239,7 @@ def render(results: list[Result], plot_link: str) -> str:
             "`benchmarks/results/<gpu>/attn_*.json`, and `make docs-gen` renders them here.\n"
         )
     out = [HEADER, ""]
+    basis = auto_basis(by_device)
     for device, pairs in by_device.items():
         lengths = common_lengths(pairs)
         columns = [("offline", "output_tok_per_s", "offline (tok/s)", True),
@@ -230,7 +252,8 @@ def render(results: list[Result], plot_link: str) -> str:
         for p in pairs:
             cells = [_cell(p.metric(c[0], c[1]), best[c[1]]) for c in columns]
             out.append(f"| `{p.spec}` | " + " | ".join(cells) + f" | {p.commits()} |")
-        out += ["", verdict(pairs), ""]
+        later = basis[capability_of(pairs)]
+        out += ["", verdict(pairs, None if later == device else later), ""]
         if len({p.commits() for p in pairs}) > 1:
             out += [COMMITS_DIFFER, ""]
     settings = [r.config for ps in by_device.values() for p in ps for r in p.results.values()]
@@ -328,8 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     if not by_device:
         print(f"no attn_* results under {args.results}", file=sys.stderr)
         return 1
+    basis = auto_basis(by_device)
     for device, pairs in by_device.items():
         w = winners(pairs)
+        later = basis[capability_of(pairs)]
         print(f"{device} (compute capability {capability_of(pairs)}.x)")
         print("  prefill, prompt tok/s (geomean over " + ", ".join(map(str, w.lengths)) + "): "
               + ", ".join(f"{b} {format_metric(v)}" for b, v in w.prefill))  # fmt: skip
@@ -338,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  offline pairs, output tok/s: " + ", ".join(f"{s} {format_metric(v)}" for s, v in w.offline))
         order = (tuple(b for b, _ in w.prefill), tuple(b for b, _ in w.decode))
         print(f"  auto order from these numbers, compute capability {capability_of(pairs)}: {order}")
-        print("  " + verdict(pairs).replace("`", ""))
+        print("  " + verdict(pairs, None if later == device else later).replace("`", ""))
     return 0
 
 

@@ -12,14 +12,16 @@ BACKENDS below: `--attn NAME`, `--help`, `auto` and every check then know it.
 `auto` ranks the descriptors' `Auto` entries, chosen by number from the attention benchmarks
 (`bash scripts/gpu_run.sh bench-attn`: every pair at page size 16; `python
 scripts/results_attention.py benchmarks/results/<gpu>` prints each phase's winner and the order
-they give; the "Attention backends" page of the docs shows them):
-  Hopper (9.x): benchmarks/results/h100/attn_{offline,latency,prefill}_<pair>_h100.json (all six
-  pairs, two calls). Prefill: FlashInfer (its prompt tokens/s lead FlashAttention 4's at 512 and
-  2,048 tokens; issue 26). Decode: FlashAttention 4, then FlashInfer: the pairs that decode with fa
-  lead the offline workload (fa 19,142 against fi 18,428 tok/s in one call; fi,fa 18,728 against
-  fa,fi 18,375 in the other) at the same batch-1 step (1.22 against 1.21 ms); results_attention's
-  decode score weighs the two. The H200's table is to be measured again (its results predate
-  issue 26's fix); its older figures ordered decode the same way (fi,fa ahead of fi).
+they give; the "Attention backends" page of the docs shows them). Ranks are per compute capability;
+where two GPUs of one were measured, they follow the one measured last (it ran the newer engine):
+  Hopper (9.x): benchmarks/results/h200/attn_{offline,latency,prefill}_<pair>_h200.json (fi, fa,
+  fi,fa and fa,fi in one call, 2026-11-28, with FlashAttention 4's call replayed and the fused
+  q/k-norm + RoPE + K/V kernel under programmatic dependent launch). Prefill: FlashAttention 4
+  (prompt tokens/s ahead of FlashInfer's at 512, 2,048 and 8,192 tokens, issue 26's goal). Decode:
+  FlashInfer, then FlashAttention 4 (the batch-1 step and the offline throughput within 1% of each
+  other; results_attention's decode score, which weighs the two, puts FlashInfer first, and `fa,fi`
+  is the best offline pair). The H100's table (benchmarks/results/h100/attn_*_h100.json, all six
+  pairs, before the replay and PDL) ordered both phases the other way; it is to be measured again.
   Blackwell (10.x): not measured (no such GPU lent): the design's intent, TRT-LLM for both
   phases as Mini-SGLang picks there, ranked after FlashInfer until measured.
 """
@@ -50,7 +52,7 @@ BACKENDS: dict[str, BackendSpec] = {
             "final.attention.flashinfer_backend:FlashInferBackend",
             (FLASHINFER,),
             HALF,
-            auto=Auto(rank=0, decode_rank=1),
+            auto=Auto(rank=1, decode_rank=0),
             kv_dtypes=(FP8,),  # plan(kv_data_type=float8_e4m3fn), run(k_scale=, v_scale=)
         ),
         BackendSpec(
@@ -60,7 +62,9 @@ BACKENDS: dict[str, BackendSpec] = {
             (FLASH_ATTENTION_4, FLASH_ATTENTION_3, FLASH_ATTENTION_2),
             HALF,
             alternative="fi",
-            auto=Auto(rank=2, prefill=(9, 10), decode=(9,), decode_rank=0),
+            # The prefill first on Hopper only: on Blackwell, after FlashInfer's and TRT-LLM's until
+            # measured there.
+            auto=Auto(rank=3, prefill=(9, 10), decode=(9,), decode_rank=1, prefill_rank_on=((9, 0),)),
             # No narrower cache: FlashAttention 4 asserts that q, k and v share bf16 or fp16
             # (flash_attn/cute/interface.py); FlashAttention 3 reads fp8 only beside an fp8 query
             # (q/k/v_descale), FlashAttention 2 not at all.
@@ -73,7 +77,7 @@ BACKENDS: dict[str, BackendSpec] = {
             (TRTLLM,),
             HALF,
             alternative="fi",
-            auto=Auto(rank=1, prefill=(10,), decode=(9, 10), decode_rank=2),
+            auto=Auto(rank=2, prefill=(10,), decode=(9, 10), decode_rank=2),
             # Decode: XQA on Hopper reads an fp8 cache beside a bf16 query (scales through bmm1_scale
             # and bmm2_scale). FlashInfer 0.7.2's trtllm-gen prefill has no bf16-query, fp8-KV form.
             kv_dtypes=(FP8,),
@@ -96,7 +100,7 @@ def auto_candidates(phase: str, major: int | None) -> list[BackendSpec]:
     """What `auto` tries for `phase` on a GPU of this compute-capability major, best first (the
     reference backend, its last resort, not included). `major` None: a GPU not known."""
     ranked = [s for s in BACKENDS.values() if s.auto is not None and s.auto.considers(phase, major)]
-    return sorted(ranked, key=lambda s: s.auto.rank_for(phase))  # type: ignore[union-attr]
+    return sorted(ranked, key=lambda s: s.auto.rank_for(phase, major))  # type: ignore[union-attr]
 
 
 def named_gpus() -> list[int]:

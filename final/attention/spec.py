@@ -73,15 +73,21 @@ class Library:
 class Auto:
     """Where `--attn auto` may pick a backend: per phase the compute-capability majors (ANY_GPU:
     wherever its library runs), and its rank among the candidates there (lower first): `rank` for
-    both phases, or `decode_rank` for decode where the benchmarks order that phase differently."""
+    both phases, or `decode_rank` for decode where the benchmarks order that phase differently, and
+    `prefill_rank_on` for the prefill on the majors where a GPU of theirs measured it differently
+    (FlashAttention 4's prefill leads on Hopper, where it was measured, not on Blackwell, where it
+    was not)."""
 
     rank: int
     prefill: tuple[int, ...] | None = ANY_GPU
     decode: tuple[int, ...] | None = ANY_GPU
     decode_rank: int | None = None
+    prefill_rank_on: tuple[tuple[int, int], ...] = ()  # (major, rank) pairs for the prefill
 
-    def rank_for(self, phase: str) -> int:
-        return self.decode_rank if phase == "decode" and self.decode_rank is not None else self.rank
+    def rank_for(self, phase: str, major: int | None = None) -> int:
+        if phase == "decode":
+            return self.rank if self.decode_rank is None else self.decode_rank
+        return next((rank for on, rank in self.prefill_rank_on if on == major), self.rank)
 
     def considers(self, phase: str, major: int | None) -> bool:
         """`major` None: a GPU not known (the frontend) or not named by any backend."""

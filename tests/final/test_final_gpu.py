@@ -98,9 +98,17 @@ def test_flashinfer_with_preemption(gpu_model_dir):
     assert [o.token_ids[:8] for o in ample] == [o.token_ids[:8] for o in squeezed]
 
 
-def test_auto_picks_flashinfer_on_cuda(gpu_model_dir):
+def test_auto_picks_the_table_entry_on_cuda(gpu_model_dir):
+    """The LLM's default `--attn auto` builds what the registry's table picks with what is installed
+    (FlashInfer alone: fi; with flash-attn-4 on Hopper: fa's prefill, fi's decode)."""
+    import torch
+
+    from final.attention.choose import resolve_attention
+
+    expected = resolve_attention("auto", "cuda", torch.bfloat16)
+    assert expected.prefill != "torch", "no fast backend installed: the GPU tests need the device kit"
     llm = final.LLM(str(gpu_model_dir), num_pages=1024)
-    assert llm.core.device.type == "cuda" and llm.core.executor.runner.backend.name == "fi"
+    assert llm.core.device.type == "cuda" and llm.core.executor.runner.backend.name == expected.label
 
 
 @pytest.fixture(scope="module")

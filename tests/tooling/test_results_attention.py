@@ -144,14 +144,37 @@ def test_the_command_prints_the_winners_and_an_auto_entry(tmp_path: Path, capsys
 
 def test_auto_cites_the_measured_gpus_and_agrees_with_their_winners():
     """`auto` is chosen by number: the registry's docstring names the result files of every GPU
-    measured, and its first candidates are the winners there (vacuous until bench-attn has run)."""
+    measured, and its first candidates are the winners of the GPU measured last for each compute
+    capability (vacuous until bench-attn has run)."""
     root = ROOT
     source = (root / "final/attention/registry.py").read_text()
     assert "scripts/results_attention.py" in source
-    for device, pairs in ra.pairs_by_device(rr.load_results(root / rr.RESULTS_DIR)).items():
-        folder = device.lower()
-        assert f"benchmarks/results/{folder}/attn_" in source, f"AUTO does not cite the {device} results"
-        assert "which agrees" in ra.verdict(pairs), f"{device}: {ra.verdict(pairs)}"
+    by_device = ra.pairs_by_device(rr.load_results(root / rr.RESULTS_DIR))
+    for device in ra.auto_basis(by_device).values():
+        assert f"benchmarks/results/{device.lower()}/attn_" in source, (
+            f"AUTO does not cite the {device} results"
+        )
+        assert "which agrees" in ra.verdict(by_device[device]), f"{device}: {ra.verdict(by_device[device])}"
+
+
+def test_auto_follows_the_gpu_of_a_capability_measured_last():
+    """Two GPUs of one compute capability whose winners differ: the table measured first says that
+    `auto` follows the later one instead of asking for new ranks; the later one is judged as usual."""
+    h100 = {"cpu": "Xeon", "gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    swapped = {"fi": PREFILL["fa"], "fa": PREFILL["fi"]}  # fi prefills fastest on the "H100"
+    older = attn_results(prefill=swapped, hardware=h100, gpu="h100")
+    newer = attn_results()
+    for d in newer:
+        d["timestamp"] = "2026-02-01T00:00:00Z"
+    by_device = ra.pairs_by_device(parsed(older + newer))
+    assert ra.auto_basis(by_device) == {9: "H200"}
+    text = ra.render(parsed(older + newer), "plot.png")
+    h100_part, h200_part = text.split("### H200")
+    assert "differs: it follows the H200 table, measured later" in h100_part
+    assert "differs" not in h200_part and "follows" not in h200_part
+    for d in older:  # measured last, the H100 is the one auto follows
+        d["timestamp"] = "2026-03-01T00:00:00Z"
+    assert ra.auto_basis(ra.pairs_by_device(parsed(older + newer))) == {9: "H100"}
 
 
 def test_each_row_names_the_commit_it_measured_and_a_mixed_table_says_so():
