@@ -45,7 +45,9 @@
 #                 and the draining tail, time and tokens of each (scripts/bench_offline_phases.py; about a
 #                 minute), into final_offline_phases_<gpu>.json: where the H100's offline gap is
 #   pdl-ab        final/'s batch-1 step (latency workload, 3 runs) with programmatic dependent launch
-#                 and with FINAL_PDL=0, in one call: final_latency_pdl1_<gpu>.json, _pdl0_
+#                 and with FINAL_PDL=0, in one call: final_latency_pdl1_<gpu>.json, _pdl0_; then the
+#                 decode step's kernels at batch 1, 64 and 256 with PDL off, as shipped (the fused K/V
+#                 kernel's up to PDL_MAX_TOKENS) and everywhere: logs/pdl_kernels_{off,shipped,all}.json
 #   prefill-host  per backend (ATTN_SPECS, default "fi fa"), the host's launch time of a batch-1 prefill
 #                 at 512, 2048, 8192 tokens against the whole prefill (scripts/bench_prefill_host.py), into
 #                 logs/prefill_host.json: a slower first token from the kernels or from the host (issue 26);
@@ -92,7 +94,7 @@
 #                 workload and the batch-1 decode step (VERSUS_REPEATS, default 3, alternating the
 #                 engines) and the kernel table of a decode step at batch 1 and 256, greedy and 0.6
 #                 (scripts/bench_versus.py), into versus_minisgl_<gpu>.json with every ratio; final/
-#                 at --attn auto as it serves (fi,fa on Hopper with the fa kit, fi without it),
+#                 at --attn auto as it serves (fa,fi on Hopper with the fa kit, fi without it),
 #                 Mini-SGLang at fi; VERSUS_FINAL_ATTN=fi: both on FlashInfer (versus_minisgl_fi_<gpu>.json)
 #   graph-launch  final/'s CUDA graph launches as it serves, without a profiler: the host's time in
 #                 each and the share that found the GPU drained (scripts/bench_graph_launch.py), batch
@@ -392,6 +394,12 @@ run_step() {
       for pdl in 1 0; do
         FINAL_PDL=$pdl bench --engine final --workload latency --repeats 3 --engine-arg attn=fi \
           --name final_latency_pdl${pdl}_$gpu
+      done
+      # where the fused K/V kernel's PDL stops paying (qk_norm_rope_kv.PDL_MAX_TOKENS): kernel tables
+      local variant
+      for variant in FINAL_PDL=0:off FINAL_PDL=1:shipped FINAL_PDL_MAX_TOKENS=100000:all; do
+        env "${variant%%:*}" $py -m scripts.kernel_table --engine final --model $ckpt --attn fi \
+          --batch 1 64 256 --temperature 0.0 --json "$out/logs/pdl_kernels_${variant##*:}.json"
       done ;;
     prefill-kernels)  # both engines' kernels of one 16,384-token prefill (issue 31), into logs/
       $py -m scripts.kernel_table --engine final --model $ckpt --batch --prefill-prompts 32 --json "$out/logs/prefill_kernels_final.json"

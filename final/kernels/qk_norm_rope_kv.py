@@ -18,15 +18,23 @@ The math, per head of head_dim d, in float32 as the op-by-op path does it:
 Padding rows of a CUDA-graph step have position 0 and a slot in the padding page: they write
 garbage there, which no request reads.
 
-On Hopper it is launched with programmatic dependent launch (`FINAL_PDL=0` turns it off, as for
-the GEMV): it may start while the qkv projection ends, reads the norm weights, waits for that
-kernel, and lets attention start launching. At batch 1 a decode step's idle GPU time is mostly the
-GPU starting each of ~300 graph kernels after the one before (docs/serving/performance.md).
+On Hopper, for steps of up to PDL_MAX_TOKENS tokens, it is launched with programmatic dependent
+launch (`FINAL_PDL=0` turns it off, as for the GEMV): it may start while the qkv projection ends,
+reads the norm weights, waits for that kernel, and lets attention start launching. At batch 1 a
+decode step's idle GPU time is mostly the GPU starting each of ~300 graph kernels after the one
+before (docs/serving/performance.md), and PDL hides part of it. A large step has no such gaps to
+hide, and there the early launch costs: in the H200 kernel table of 2026-11-28
+(benchmarks/results/h200/versus_minisgl_fa-fi_h200.json against the same GPU's
+versus_minisgl_h200.json of the day before) this kernel took 65% longer at batch 256 under PDL,
+where nothing else changed; our reading, not measured apart, is that attention's blocks, launched
+early, wait on SMs our 24 × 256 small programs still need. Hence the bound, a setting until
+`gpu_run.sh pdl-ab` measures the batches between (`FINAL_PDL_MAX_TOKENS` moves it).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -34,6 +42,11 @@ from . import next_power_of_2, use_pdl, use_triton
 from .kv_write import torch_store_kv
 
 SMALL_STEP_TOKENS = 256  # up to here each program takes one head: many small programs fill the GPU
+PDL_MAX_TOKENS = 64  # steps up to here launch with PDL (docstring); FINAL_PDL_MAX_TOKENS overrides
+
+
+def pdl_max_tokens() -> int:
+    return int(os.environ.get("FINAL_PDL_MAX_TOKENS", PDL_MAX_TOKENS))
 
 
 def torch_rms_norm_heads(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -203,7 +216,7 @@ def triton_qk_norm_rope_kv(
     norm = q_weight is not None and k_weight is not None
     heads = 1 if tokens <= SMALL_STEP_TOKENS else 4
     blocks = -(-num_q_heads // heads) + -(-num_kv_heads // heads)
-    pdl = use_pdl(qkv)
+    pdl = tokens <= pdl_max_tokens() and use_pdl(qkv)
     launch = {"launch_pdl": True} if pdl else {}  # an option only a CUDA launch knows
     _jit()[(tokens, blocks)](
         qkv,

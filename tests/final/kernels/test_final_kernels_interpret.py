@@ -475,3 +475,35 @@ def test_pdl_needs_hopper_and_triton_and_final_pdl_0_turns_it_off(monkeypatch):
         assert kernels.pdl_available(torch.device("cuda", 0)) is want, (capability, env)
     kernels.pdl_available.cache_clear()
     assert not gemv.use_pdl(torch.zeros(1))  # a CPU tensor: never
+
+
+def test_the_fused_kernel_launches_with_pdl_only_for_small_steps(monkeypatch):
+    """PDL for steps of up to PDL_MAX_TOKENS tokens only (the H200 kernel table: the early launch
+    slowed the batch-256 step's kernel); FINAL_PDL_MAX_TOKENS moves the bound for an A/B."""
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(
+                (grid[0], kwargs.get("launch_pdl", False), kwargs["PDL"])
+            )
+
+    monkeypatch.setattr(qk_norm_rope_kv, "_jit", lambda: Recorder())
+    monkeypatch.setattr(qk_norm_rope_kv, "use_pdl", lambda x: True)  # a Hopper GPU, as far as it knows
+    monkeypatch.delenv("FINAL_PDL_MAX_TOKENS", raising=False)
+    q_heads, kv_heads, dim = 2, 1, 8
+    k_cache = v_cache = torch.zeros(4, kv_heads, dim)
+    bound = qk_norm_rope_kv.PDL_MAX_TOKENS
+
+    def launch(tokens: int) -> None:
+        qkv = torch.zeros(tokens, (q_heads + 2 * kv_heads) * dim)
+        positions = slots = torch.zeros(tokens, dtype=torch.int64)
+        qk_norm_rope_kv.triton_qk_norm_rope_kv(qkv, q_heads, kv_heads, positions, rope_table(4, dim), k_cache, v_cache, slots)  # fmt: skip
+
+    for tokens in (1, bound, bound + 1, 256):
+        launch(tokens)
+    assert launches == [(1, True, True), (bound, True, True), (bound + 1, False, False), (256, False, False)]
+    monkeypatch.setenv("FINAL_PDL_MAX_TOKENS", "256")
+    launches.clear()
+    launch(256)
+    assert launches == [(256, True, True)]
