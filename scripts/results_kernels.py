@@ -23,15 +23,15 @@ ENGINES = (("final-base", "before"), ("final", "final/"), ("mini-sglang", "Mini-
 
 def versus_files(results_dir: Path) -> dict[str, dict[str, Any]]:
     """GPU name (H200, ...) -> the versus result whose kernel tables this page shows: one where
-    final/ ran Mini-SGLang's attention backend (`--final-attn fi`, or a versus from before that
-    option, which ran fi), kernel for kernel, the newest of those; else the newest."""
+    final/ decoded with Mini-SGLang's attention backend (`--final-attn fi` or `fa,fi`: the tables
+    are decode steps, so the prefill's backend does not enter them; a versus from before that
+    option ran fi), kernel for kernel, the newest of those; else the newest."""
     found: dict[str, dict[str, Any]] = {}
 
     def rank(data: dict[str, Any]) -> tuple[bool, str]:
-        same_kernels = data.get("config", {}).get("final_attn", "fi") == data.get("config", {}).get(
-            "attn", "fi"
-        )
-        return same_kernels, data.get("timestamp", "")
+        config = data.get("config", {})
+        decode = (str(config.get(key, "fi")).split(",")[-1] for key in ("final_attn", "attn"))
+        return len(set(decode)) == 1, data.get("timestamp", "")
 
     for path in sorted(results_dir.glob("*/versus_minisgl_*.json")):
         data = json.loads(path.read_text())

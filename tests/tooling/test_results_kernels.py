@@ -83,6 +83,11 @@ def test_the_table_is_the_call_where_final_ran_mini_sglangs_attention(tmp_path: 
     assert results_kernels.versus_files(tmp_path)["H200"]["config"]["final_attn"] == "fi"
     same.unlink()  # with no such call, the newest
     assert results_kernels.versus_files(tmp_path)["H200"]["config"]["final_attn"] == "auto"
+    # FlashAttention's prefill with FlashInfer's decode: decode steps kernel for kernel all the same
+    prefill_fa = data | {"name": "versus_minisgl_fa-fi_h200", "timestamp": "2026-11-25T00:00:00Z",
+                         "config": {"attn": "fi", "final_attn": "fa,fi"}}  # fmt: skip
+    (tmp_path / "h200" / "versus_minisgl_fa-fi_h200.json").write_text(json.dumps(prefill_fa))
+    assert results_kernels.versus_files(tmp_path)["H200"]["config"]["final_attn"] == "fa,fi"
 
 
 def test_the_verdict_names_each_category_over_by_more_than_three_percent(tmp_path: Path) -> None:
