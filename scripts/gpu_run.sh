@@ -400,7 +400,8 @@ run_step() {
       for variant in FINAL_PDL=0:off FINAL_PDL=1:shipped FINAL_PDL_MAX_TOKENS=100000:all; do
         env "${variant%%:*}" $py -m scripts.kernel_table --engine final --model $ckpt --attn fi \
           --batch 1 64 256 --temperature 0.0 --json "$out/logs/pdl_kernels_${variant##*:}.json"
-      done ;;
+      done
+      $py -m scripts.results_pdl "$out/logs" ;;  # per batch: busy and fused-kernel time, the bound
     prefill-kernels)  # both engines' kernels of one 16,384-token prefill (issue 31), into logs/
       $py -m scripts.kernel_table --engine final --model $ckpt --batch --prefill-prompts 32 --json "$out/logs/prefill_kernels_final.json"
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py -m scripts.kernel_table --engine mini-sglang --model $ckpt \

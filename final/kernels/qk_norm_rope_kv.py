@@ -45,7 +45,9 @@ SMALL_STEP_TOKENS = 256  # up to here each program takes one head: many small pr
 PDL_MAX_TOKENS = 64  # steps up to here launch with PDL (docstring); FINAL_PDL_MAX_TOKENS overrides
 
 
+@functools.cache
 def pdl_max_tokens() -> int:
+    """Read once: an environment lookup per layer would add to the eager prefill's host launch."""
     return int(os.environ.get("FINAL_PDL_MAX_TOKENS", PDL_MAX_TOKENS))
 
 

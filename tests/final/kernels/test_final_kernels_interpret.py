@@ -491,6 +491,7 @@ def test_the_fused_kernel_launches_with_pdl_only_for_small_steps(monkeypatch):
     monkeypatch.setattr(qk_norm_rope_kv, "_jit", lambda: Recorder())
     monkeypatch.setattr(qk_norm_rope_kv, "use_pdl", lambda x: True)  # a Hopper GPU, as far as it knows
     monkeypatch.delenv("FINAL_PDL_MAX_TOKENS", raising=False)
+    qk_norm_rope_kv.pdl_max_tokens.cache_clear()
     q_heads, kv_heads, dim = 2, 1, 8
     k_cache = v_cache = torch.zeros(4, kv_heads, dim)
     bound = qk_norm_rope_kv.PDL_MAX_TOKENS
@@ -504,6 +505,8 @@ def test_the_fused_kernel_launches_with_pdl_only_for_small_steps(monkeypatch):
         launch(tokens)
     assert launches == [(1, True, True), (bound, True, True), (bound + 1, False, False), (256, False, False)]
     monkeypatch.setenv("FINAL_PDL_MAX_TOKENS", "256")
+    qk_norm_rope_kv.pdl_max_tokens.cache_clear()  # read once a process; a fresh one reads it anew
     launches.clear()
     launch(256)
     assert launches == [(256, True, True)]
+    qk_norm_rope_kv.pdl_max_tokens.cache_clear()
