@@ -29,6 +29,7 @@ from ..distributed.tp import TPInfo
 from ..scheduler.request import Request
 from .graph import GraphRunner
 from .peers import NO_PEERS, Peers
+from .prefill_graph import maybe_prefill_graphs
 from .resolve import ResolvedConfig
 from .runner import ModelRunner
 from .sampler import SampleOutput, Sampler
@@ -67,6 +68,8 @@ class Executor:
         self.graphs: GraphRunner | None = None
         # Every rank logs the same lines under TP: rank 0's are enough.
         say = log.info if self.tp.is_first else log.debug
+        # Prefill steps piece by piece (off unless FINAL_PREFILL_GRAPHS sets its largest bucket).
+        self.prefill_graphs = maybe_prefill_graphs(runner, self.tp.size)
         if graph_batch:
             self.graphs = GraphRunner(runner, graph_batch)
             say(
@@ -125,6 +128,9 @@ class Executor:
         graphs = self.graphs
         if graphs is not None and graphs.can_run(step):
             return graphs.run(step)
+        prefill = self.prefill_graphs
+        if prefill is not None and prefill.can_run(step):
+            return prefill.run(step, between_layers)
         return self.runner.forward(step, between_layers)
 
     # --8<-- [start:execute]
@@ -169,6 +175,7 @@ class Executor:
     def release_graphs(self) -> None:
         """Drop the CUDA graphs (before the process groups go: a graph holds NCCL's work)."""
         self.graphs = None
+        self.prefill_graphs = None
         gc.collect()
 
 

@@ -14,8 +14,10 @@ replays it with one launch. The rules that make that work:
 - Nothing on the host inside. No `.item()`, no allocation the graph did not record; the
   attention backend's plan (host work) runs before each replay (`prepare_for_replay`).
 
-Prefill and mixed steps run eagerly: their token counts vary too much to capture, and their
-kernels are large enough that launch overhead is small next to them.
+Prefill and mixed steps run eagerly here: their token counts vary too much to capture whole,
+and attention's plan depends on each request's lengths. Their launch is not small next to their
+kernels for prompts of a few thousand tokens, though: prefill_graph.py records everything of such
+a step but attention, piece by piece per token bucket (off unless FINAL_PREFILL_GRAPHS is set).
 
 `graph_factory` makes the object that captures and replays: `CudaGraph` on a GPU; tests on the
 CPU pass `EagerGraph`, which replays by running the recorded function again over the same static

@@ -54,6 +54,37 @@ class SelfAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
+    def project(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        attn: Attention,
+        out_slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Attention's inputs (q, k, v) from the normed hidden states; k and v None where one kernel
+        has already written them into the pool (the backend then only attends)."""
+        tokens = x.shape[0]  # the new tokens of every request in the batch, concatenated
+        qkv = self.qkv_proj(x)
+        if qk_norm_rope_kv.available(qkv):
+            # One kernel: the q/k norm, RoPE, and k and v written into the pool at out_slots.
+            cache = attn.layer_kv(self.layer)
+            weights = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
+            eps = self.q_norm.eps if self.qk_norm else 0.0
+            q = qk_norm_rope_kv.qk_norm_rope_kv(
+                qkv, self.num_heads, self.num_kv_heads, positions, rope.cos_sin, cache.k, cache.v,
+                out_slots, *weights, eps, cache.k_scale, cache.v_scale,
+            )  # fmt: skip
+            return q, None, None
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(q, k, positions)
+        return q, k, v  # the backend writes k and v into the request's pages, then attends
+
     def forward(
         self,
         x: torch.Tensor,
@@ -62,27 +93,7 @@ class SelfAttention(nn.Module):
         attn: Attention,
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        tokens = x.shape[0]  # the new tokens of every request in the batch, concatenated
-        qkv = self.qkv_proj(x)
-        if qk_norm_rope_kv.available(qkv):
-            # One kernel: the q/k norm, RoPE, and k and v written into the pool; the backend
-            # then only attends (k and v None: already written).
-            cache = attn.layer_kv(self.layer)
-            weights = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
-            eps = self.q_norm.eps if self.qk_norm else 0.0
-            q = qk_norm_rope_kv.qk_norm_rope_kv(
-                qkv, self.num_heads, self.num_kv_heads, positions, rope.cos_sin, cache.k, cache.v,
-                batch.out_slots, *weights, eps, cache.k_scale, cache.v_scale,
-            )  # fmt: skip
-            return self.o_proj(attn.forward(self.layer, q, None, None, batch))
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, k, positions)
-        # The backend writes k and v into the request's pages and attends over all its pages.
+        q, k, v = self.project(x, positions, rope, attn, batch.out_slots)
         return self.o_proj(attn.forward(self.layer, q, k, v, batch))
 
 
@@ -108,12 +119,22 @@ class DecoderLayer(nn.Module):
     def forward(self, x, residual, positions, rope, attn, batch):
         """(this layer's output, the residual stream before it is added): the add happens fused
         into the next norm, the next layer's or the final one."""
+        q, k, v, residual = self.before_attention(x, residual, positions, rope, attn, batch.out_slots)
+        return self.after_attention(attn.forward(self.self_attn.layer, q, k, v, batch), residual)
+
+    # The layer in two halves around attention: what the prefill graphs (engine/prefill_graph.py)
+    # capture, attention itself staying eager.
+    def before_attention(self, x, residual, positions, rope, attn, out_slots):
+        """(q, k, v, residual): the residual add and norm, then attention's inputs (SelfAttention.project)."""
         if residual is None:
             residual, h = x, self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm.add_and_norm(x, residual)
-        h = self.self_attn(h, positions, rope, attn, batch)
-        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return (*self.self_attn.project(h, positions, rope, attn, out_slots), residual)
+
+    def after_attention(self, o: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the layer's output, the residual stream) from attention's output."""
+        h, residual = self.post_attention_layernorm.add_and_norm(self.self_attn.o_proj(o), residual)
         return self.mlp(h), residual
 
 

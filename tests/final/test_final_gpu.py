@@ -65,6 +65,42 @@ def test_flashinfer_matches_torch(gpu_model_dir, attn, page_size):
     assert compared >= 2 * len(prompts)
 
 
+def counting(run, runs: list[int]):
+    def counted(step, between_layers=None):
+        runs.append(step.num_tokens)
+        return run(step, between_layers)
+
+    return counted
+
+
+def test_prefill_graphs_match_the_eager_prefill(gpu_model_dir, monkeypatch):
+    """Prefill steps replayed piece by piece (engine/prefill_graph.py, on with FINAL_PREFILL_GRAPHS)
+    against the eager engine: the same distributions until a near-tie, the pieces really replayed,
+    the pool whole after."""
+    prompts = sample_prompts(gpu_model_dir, n=8, seed=21)
+    outs = {}
+    for mode in ("eager", "graphs"):
+        if mode == "graphs":
+            monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "2048")
+        llm = gpu_llm(gpu_model_dir, "fi", 16)
+        vocab = llm.config.vocab_size
+        graphs = llm.core.executor.prefill_graphs
+        assert (graphs is None) == (mode == "eager")
+        runs = []
+        if graphs is not None:
+            assert graphs.sizes == [256, 512, 1024, 2048] and graphs.writes_kv
+            graphs.run = counting(graphs.run, runs)
+        outs[mode] = llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=vocab)
+        )
+        assert mode == "eager" or runs, "no prefill step went through the graphs"
+        assert_pool_is_whole(llm)
+        del llm, graphs
+        free_gpu_memory()
+    compared = assert_agree_until_near_tie(outs["graphs"], outs["eager"], vocab, atol=0.1)
+    assert compared >= 2 * len(prompts)
+
+
 def test_flashinfer_on_qwen3_06b_shape(qwen3_06b_dir):
     prompts = [list(range(100 + i, 100 + i + n)) for i, n in enumerate([17, 250, 1024, 3, 600, 64])]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=64)

@@ -1,0 +1,176 @@
+"""final/'s piecewise prefill graphs (engine/prefill_graph.py), on the CPU: the buckets, the
+padding, and a prefill step run through the pieces (graph.EagerGraph stand-ins: a replay runs the
+recorded piece again over the same static buffers) against the eager step, through the whole
+engine. A GPU records real graphs; that comparison is tests/final/test_final_gpu.py's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+import final
+from final.core.sampling_params import SamplingParams
+from final.engine import prefill_graph
+from final.engine.graph import EagerGraph
+from final.engine.prefill_graph import PrefillGraphRunner, bucket_for, buckets
+from final.kernels import qk_norm_rope_kv
+from tests.fixtures.tiny_models import sample_prompts
+
+
+def test_buckets_double_from_256_up_to_the_setting_and_the_buffers():
+    assert buckets(0, 10**6) == []
+    assert buckets(255, 10**6) == []
+    assert buckets(256, 10**6) == [256]
+    assert buckets(5000, 10**6) == [256, 512, 1024, 2048, 4096]
+    assert buckets(16384, 9000) == [256, 512, 1024, 2048, 4096, 8192]  # the step buffers' size caps it
+    assert [bucket_for([256, 512], t) for t in (1, 256, 257, 512, 513)] == [256, 256, 512, 512, None]
+
+
+def test_off_unless_asked_and_only_on_one_cuda_gpu(monkeypatch, tiny_qwen3_dir):
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    runner = llm.core.executor.runner
+    assert llm.core.executor.prefill_graphs is None  # the default: FINAL_PREFILL_GRAPHS unset
+    monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "4096")
+    assert prefill_graph.configured_max_tokens() == 4096
+    assert prefill_graph.maybe_prefill_graphs(runner, tp_size=1) is None  # a CPU runner
+    monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "0")
+    assert prefill_graph.configured_max_tokens() == 0
+
+
+class CountingGraph(EagerGraph):
+    replays: Counter = Counter()
+
+    def __init__(self, pool=None):
+        super().__init__(pool)
+        self.size = 0
+
+    def replay(self) -> None:
+        CountingGraph.replays[self.size] += 1
+        super().replay()
+
+
+def with_prefill_graphs(llm: final.LLM, max_tokens: int) -> PrefillGraphRunner:
+    """Give a CPU engine prefill graphs (EagerGraph stand-ins), buckets from a few tokens up: the
+    tiny model's steps are small, so the smallest bucket is lowered to 8 for the test."""
+    made: list[CountingGraph] = []
+
+    def factory(pool):
+        made.append(CountingGraph(pool))
+        return made[-1]
+
+    graphs = PrefillGraphRunner(llm.core.executor.runner, max_tokens, factory)
+    for size, pieces in graphs.graphs.items():
+        for piece in pieces:
+            piece.size = size
+    llm.core.executor.prefill_graphs = graphs
+    return graphs
+
+
+@pytest.fixture
+def small_buckets(monkeypatch):
+    monkeypatch.setattr(prefill_graph, "SMALLEST_BUCKET", 8)
+
+
+@pytest.fixture(params=["fused", "unfused"])
+def kv_path(request, monkeypatch):
+    """`fused`: the GPU's path on the CPU: the projection's piece writes k and v into the pool
+    (its torch reference standing in for the Triton kernel), padding tokens included; `unfused`:
+    the CPU's, the backend writing the real tokens' k and v."""
+    if request.param == "fused":
+        monkeypatch.setattr(qk_norm_rope_kv, "available", lambda qkv: True)
+        monkeypatch.setattr(qk_norm_rope_kv, "triton_qk_norm_rope_kv", qk_norm_rope_kv.torch_qk_norm_rope_kv)
+    return request.param
+
+
+def run(llm: final.LLM, prompts, params, arrivals) -> list[final.RequestOutput]:
+    rids: dict[int, int] = {}
+    outputs: dict[int, final.RequestOutput] = {}
+    step = 0
+    while len(outputs) < len(prompts):
+        for i, at in enumerate(arrivals):
+            if at == step:
+                rids[i] = llm.add_request(prompts[i], params[i])
+        by_rid = {rid: i for i, rid in rids.items()}
+        for rid, out in llm.step():
+            outputs[by_rid[rid]] = out
+        llm.core.check_integrity()
+        step += 1
+        assert step < 2000
+    return [outputs[i] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_pieces_equal_the_eager_step_with_chunks_radix_hits_and_mixed_steps(
+    arch, tmp_path_factory, small_buckets, kv_path
+):
+    from tests.fixtures.tiny_models import make_tiny_checkpoint
+
+    model_dir = make_tiny_checkpoint(tmp_path_factory.mktemp(f"prefill_graphs_{arch}"), arch)
+    base = sample_prompts(model_dir, n=8, seed=7)
+    head = base[1][:30]  # a shared prefix: later prompts hit the radix cache
+    prompts = base + [head + p[:6] for p in base[2:5]]
+    params = [SamplingParams(temperature=0, max_tokens=6 + 3 * (i % 4), ignore_eos=True, logprobs=5) for i in range(len(prompts))]  # fmt: skip
+    arrivals = [0, 0, 1, 1, 2, 4, 4, 6, 7, 9, 9]
+    prompts = [p[: 12 + 9 * (i % 5)] for i, p in enumerate(prompts)]  # 12 to 48 tokens: several buckets
+    # A prefill budget of 40 tokens: chunked prompts, and mixed steps (prefill + running decodes).
+    kwargs = dict(page_size=2, num_pages=200, max_prefill_length=40, max_running_requests=8)
+    eager = final.LLM(str(model_dir), device="cpu", dtype="float32", **kwargs)
+    graphed = final.LLM(str(model_dir), device="cpu", dtype="float32", **kwargs)
+    CountingGraph.replays.clear()
+    graphs = with_prefill_graphs(graphed, max_tokens=32)  # buckets 8, 16, 32: larger steps run eagerly
+    assert graphs.sizes == [8, 16, 32]
+    eager_steps = Counter()
+    forward = graphed.core.executor.runner.forward
+
+    def counted(step, between_layers=None):
+        eager_steps[step.is_prefill] += 1
+        return forward(step, between_layers)
+
+    graphed.core.executor.runner.forward = counted
+    want = run(eager, prompts, params, arrivals)
+    got = run(graphed, prompts, params, arrivals)
+    layers = len(graphs.layers)
+    assert sum(CountingGraph.replays.values()) >= 3 * (layers + 1), "no prefill step replayed its pieces"
+    assert all(n % (layers + 1) == 0 for n in CountingGraph.replays.values()), (
+        "a step replayed part of its pieces"
+    )
+    assert len(CountingGraph.replays) >= 2, "every step fell in one bucket: the padding is not exercised"
+    assert graphs.writes_kv == (kv_path == "fused")
+    assert eager_steps[True] > 0, (
+        "no prefill step was over the largest bucket: the eager fallback is not exercised"
+    )
+    for w, g in zip(want, got, strict=True):
+        assert g.token_ids == w.token_ids
+        for a, b in zip(g.logprobs, w.logprobs, strict=True):
+            assert a["top_ids"] == b["top_ids"]
+            torch.testing.assert_close(torch.tensor(a["top_logprobs"]), torch.tensor(b["top_logprobs"]), atol=1e-4, rtol=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("kv_path", ["fused"], indirect=True)
+def test_padding_tokens_write_only_the_padding_page(tiny_qwen3_dir, small_buckets, kv_path):
+    """A big step leaves its slots in the step buffers; a smaller one padded after it must not write
+    into those (live) slots, only into the padding page (the fused path, where the piece writes
+    k and v for every token of its bucket)."""
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", page_size=4, num_pages=64)
+    CountingGraph.replays.clear()
+    with_prefill_graphs(llm, max_tokens=64)
+    prompts = sample_prompts(tiny_qwen3_dir, n=2, seed=3)
+    first = prompts[0][:40]
+    llm.add_request(first, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    llm.step()  # 40 tokens, bucket 64: its slots stay in the buffers past the next step's tokens
+    pool = llm.core.executor.runner.pool
+    pool.k[:, pool.padding_page].zero_()  # padding tokens write the same values every step: clear them
+    slots_k = pool.k.view(pool.k.shape[0], -1, *pool.k.shape[3:])  # [layers, slots, heads, dim]
+    before = slots_k.clone()
+    second = prompts[1][:5]
+    llm.add_request(second, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    llm.step()  # 5 tokens, bucket 8: three padding tokens
+    assert CountingGraph.replays[8] > 0
+    changed = (slots_k != before).any(dim=(0, 2, 3)).nonzero().flatten().tolist()
+    padding = range(pool.padding_page * pool.page_size, (pool.padding_page + 1) * pool.page_size)
+    live = [s for s in changed if s not in padding]
+    assert len(live) == len(second), f"the step wrote {len(live)} live slots for {len(second)} tokens"
+    assert any(s in padding for s in changed), "the padding tokens wrote nothing: was the step padded?"
