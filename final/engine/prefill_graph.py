@@ -52,11 +52,15 @@ def configured_max_tokens() -> int:
 
 
 def buckets(max_tokens: int, limit: int) -> list[int]:
-    """256, 512, 1024, ... up to max_tokens and the step buffers' `limit`: the sizes that get graphs."""
+    """256, 512, 1024, ... up to max_tokens: the sizes that get graphs. `limit` is the step buffers'
+    size, a full prefill budget plus a decode token for every running request: where max_tokens
+    reaches it, it is the last bucket, so that a mixed step at a full budget replays too."""
     out, size = [], SMALLEST_BUCKET
     while size <= min(max_tokens, limit):
         out.append(size)
         size *= 2
+    if max_tokens >= limit and limit >= SMALLEST_BUCKET and out[-1:] != [limit]:
+        out.append(limit)
     return out
 
 
@@ -187,6 +191,9 @@ def maybe_prefill_graphs(runner, tp_size: int) -> PrefillGraphRunner | None:
         return None
     if runner.device.type != "cuda" or tp_size != 1:
         log.info("prefill graphs off: they run on one CUDA GPU (FINAL_PREFILL_GRAPHS=%d ignored)", max_tokens)
+        return None
+    if not all(hasattr(layer, "before_attention") for layer in runner.model.model.layers):
+        log.info("prefill graphs off: this model's layers are not split around attention")
         return None
     graphs = PrefillGraphRunner(runner, max_tokens)
     if not graphs.sizes:

@@ -25,7 +25,12 @@ def test_buckets_double_from_256_up_to_the_setting_and_the_buffers():
     assert buckets(255, 10**6) == []
     assert buckets(256, 10**6) == [256]
     assert buckets(5000, 10**6) == [256, 512, 1024, 2048, 4096]
-    assert buckets(16384, 9000) == [256, 512, 1024, 2048, 4096, 8192]  # the step buffers' size caps it
+    # The step buffers' size (a full budget plus one decode token a running request) caps it, and
+    # is the last bucket where the setting reaches it: a mixed step at a full budget replays too.
+    assert buckets(16384, 9000) == [256, 512, 1024, 2048, 4096, 8192, 9000]
+    assert buckets(8192, 9000) == [256, 512, 1024, 2048, 4096, 8192]
+    assert buckets(10**6, 16384 + 256) == [256 << i for i in range(7)] + [16640]
+    assert buckets(10**6, 4096) == [256, 512, 1024, 2048, 4096]
     assert [bucket_for([256, 512], t) for t in (1, 256, 257, 512, 513)] == [256, 256, 512, 512, None]
 
 
