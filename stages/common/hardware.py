@@ -93,7 +93,17 @@ def versions() -> dict[str, Any]:
     commit = git_commit()
     if commit:
         out["git_commit"] = commit
+    switches = engine_switches()
+    if switches:
+        out["engine_switches"] = switches
     return out
+
+
+def engine_switches() -> str:
+    """final/'s switches set in the environment for this run, as `KEY=value` words (FINAL_PDL=0,
+    FINAL_PREFILL_GRAPHS=65536, FINAL_FA4_REPLAY=0): a result measured with one records it beside
+    the versions, so a figure never loses the setting it was measured under."""
+    return " ".join(f"{key}={value}" for key, value in sorted(os.environ.items()) if key.startswith("FINAL_"))
 
 
 GIT_COMMIT_ENV = "BENCH_GIT_COMMIT"

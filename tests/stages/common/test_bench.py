@@ -4,6 +4,7 @@ that respects arrival times and turn order, and result files in the schema the d
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -421,3 +422,17 @@ def test_the_warm_up_prefills_a_prompt_as_long_as_the_workloads_longest_but_not_
         assert sum(len(i.prompt_ids) > 16 for i in warm.items) == 1
     prefill = wl.make_workload("prefill", 1000, seed=0, scale=0.05)
     assert max(len(i.prompt_ids) for i in bench.warmup_workload(1000, prefill).items) == 16
+
+
+def test_a_result_records_the_engine_switches_it_ran_under(monkeypatch):
+    """FINAL_* settings in the environment (FINAL_PDL=0 for an A/B, FINAL_PREFILL_GRAPHS, ...) go
+    into the result's versions, sorted; none set, no key."""
+    from stages.common import hardware
+
+    for key in [k for k in os.environ if k.startswith("FINAL_")]:
+        monkeypatch.delenv(key)
+    assert "engine_switches" not in hardware.versions()
+    monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "65536")
+    monkeypatch.setenv("FINAL_PDL", "0")
+    monkeypatch.setenv("NOT_FINAL_X", "1")
+    assert hardware.versions()["engine_switches"] == "FINAL_PDL=0 FINAL_PREFILL_GRAPHS=65536"
