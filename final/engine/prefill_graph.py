@@ -165,17 +165,18 @@ class PrefillGraphRunner:
         self._pad(tokens, size)
         runner.backend.prepare(batch)
         graphs = self.graphs[size]
-        heads, head_dim = self.layers[0].self_attn.num_heads, self.layers[0].self_attn.head_dim
-        kv_heads = self.layers[0].self_attn.num_kv_heads
+        # Attention's inputs and output: the same views of the static buffers for every layer.
+        attention = self.layers[0].self_attn
+        q = self.q[:tokens].view(tokens, attention.num_heads, attention.head_dim)
+        k = v = None
+        if not self.writes_kv:
+            k = self.k[:tokens].view(tokens, attention.num_kv_heads, attention.head_dim)
+            v = self.v[:tokens].view(tokens, attention.num_kv_heads, attention.head_dim)
+        attn_out = self.attn_out[:tokens]
         for i, layer in enumerate(self.layers):
             graphs[i].replay()
-            q = self.q[:tokens].view(tokens, heads, head_dim)
-            k = v = None
-            if not self.writes_kv:
-                k = self.k[:tokens].view(tokens, kv_heads, head_dim)
-                v = self.v[:tokens].view(tokens, kv_heads, head_dim)
             out = runner.backend.forward(layer.self_attn.layer, q, k, v, batch)
-            self.attn_out[:tokens].copy_(out.reshape(tokens, -1))
+            attn_out.copy_(out.reshape(tokens, -1))
             if between_layers is not None:
                 between_layers()  # host work while the GPU runs what is queued (delivery.py)
         graphs[-1].replay()

@@ -14,9 +14,9 @@ import torch
 import final
 from final.core.sampling_params import SamplingParams
 from final.engine import prefill_graph
-from final.engine.graph import EagerGraph
 from final.engine.prefill_graph import PrefillGraphRunner, bucket_for, buckets
 from final.kernels import qk_norm_rope_kv
+from tests.final.engine.test_final_graphs import CountingGraph, run  # the decode graphs' stand-in, step loop
 from tests.fixtures.tiny_models import sample_prompts
 
 
@@ -43,18 +43,6 @@ def test_off_unless_asked_and_only_on_one_cuda_gpu(monkeypatch, tiny_qwen3_dir):
     assert prefill_graph.maybe_prefill_graphs(runner, tp_size=1) is None  # a CPU runner
     monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "0")
     assert prefill_graph.configured_max_tokens() == 0
-
-
-class CountingGraph(EagerGraph):
-    replays: Counter = Counter()
-
-    def __init__(self, pool=None):
-        super().__init__(pool)
-        self.size = 0
-
-    def replay(self) -> None:
-        CountingGraph.replays[self.size] += 1
-        super().replay()
 
 
 def with_prefill_graphs(llm: final.LLM, max_tokens: int) -> PrefillGraphRunner:
@@ -90,23 +78,6 @@ def kv_path(request, monkeypatch):
     return request.param
 
 
-def run(llm: final.LLM, prompts, params, arrivals) -> list[final.RequestOutput]:
-    rids: dict[int, int] = {}
-    outputs: dict[int, final.RequestOutput] = {}
-    step = 0
-    while len(outputs) < len(prompts):
-        for i, at in enumerate(arrivals):
-            if at == step:
-                rids[i] = llm.add_request(prompts[i], params[i])
-        by_rid = {rid: i for i, rid in rids.items()}
-        for rid, out in llm.step():
-            outputs[by_rid[rid]] = out
-        llm.core.check_integrity()
-        step += 1
-        assert step < 2000
-    return [outputs[i] for i in range(len(prompts))]
-
-
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_pieces_equal_the_eager_step_with_chunks_radix_hits_and_mixed_steps(
     arch, tmp_path_factory, small_buckets, kv_path
@@ -135,8 +106,8 @@ def test_pieces_equal_the_eager_step_with_chunks_radix_hits_and_mixed_steps(
         return forward(step, between_layers)
 
     graphed.core.executor.runner.forward = counted
-    want = run(eager, prompts, params, arrivals)
-    got = run(graphed, prompts, params, arrivals)
+    want = run(eager, prompts, params, arrivals, aborts={})
+    got = run(graphed, prompts, params, arrivals, aborts={})
     layers = len(graphs.layers)
     assert sum(CountingGraph.replays.values()) >= 3 * (layers + 1), "no prefill step replayed its pieces"
     assert all(n % (layers + 1) == 0 for n in CountingGraph.replays.values()), (
