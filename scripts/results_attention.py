@@ -187,6 +187,14 @@ def auto_basis(by_device: dict[str, list[Pair]]) -> dict[int | None, str]:
     return basis
 
 
+def deferred_to(by_device: dict[str, list[Pair]]) -> dict[str, str | None]:
+    """GPU -> the GPU of its compute capability measured after it, whose table `auto` follows
+    instead (None: `auto` follows this GPU's own table): each table's `follows` for `verdict`."""
+    basis = auto_basis(by_device)
+    return {device: None if basis[capability_of(pairs)] == device else basis[capability_of(pairs)]
+            for device, pairs in by_device.items()}  # fmt: skip
+
+
 def verdict(pairs: list[Pair], follows: str | None = None) -> str:
     """What wins each phase here, against what `auto` picks on this GPU. `follows`: the GPU of the
     same compute capability measured after this one, whose table `auto` follows instead."""
@@ -239,7 +247,7 @@ def render(results: list[Result], plot_link: str) -> str:
             "`benchmarks/results/<gpu>/attn_*.json`, and `make docs-gen` renders them here.\n"
         )
     out = [HEADER, ""]
-    basis = auto_basis(by_device)
+    follows = deferred_to(by_device)
     for device, pairs in by_device.items():
         lengths = common_lengths(pairs)
         columns = [("offline", "output_tok_per_s", "offline (tok/s)", True),
@@ -252,8 +260,7 @@ def render(results: list[Result], plot_link: str) -> str:
         for p in pairs:
             cells = [_cell(p.metric(c[0], c[1]), best[c[1]]) for c in columns]
             out.append(f"| `{p.spec}` | " + " | ".join(cells) + f" | {p.commits()} |")
-        later = basis[capability_of(pairs)]
-        out += ["", verdict(pairs, None if later == device else later), ""]
+        out += ["", verdict(pairs, follows[device]), ""]
         if len({p.commits() for p in pairs}) > 1:
             out += [COMMITS_DIFFER, ""]
     settings = [r.config for ps in by_device.values() for p in ps for r in p.results.values()]
@@ -351,10 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     if not by_device:
         print(f"no attn_* results under {args.results}", file=sys.stderr)
         return 1
-    basis = auto_basis(by_device)
+    follows = deferred_to(by_device)
     for device, pairs in by_device.items():
         w = winners(pairs)
-        later = basis[capability_of(pairs)]
         print(f"{device} (compute capability {capability_of(pairs)}.x)")
         print("  prefill, prompt tok/s (geomean over " + ", ".join(map(str, w.lengths)) + "): "
               + ", ".join(f"{b} {format_metric(v)}" for b, v in w.prefill))  # fmt: skip
@@ -363,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  offline pairs, output tok/s: " + ", ".join(f"{s} {format_metric(v)}" for s, v in w.offline))
         order = (tuple(b for b, _ in w.prefill), tuple(b for b, _ in w.decode))
         print(f"  auto order from these numbers, compute capability {capability_of(pairs)}: {order}")
-        print("  " + verdict(pairs, None if later == device else later).replace("`", ""))
+        print("  " + verdict(pairs, follows[device]).replace("`", ""))
     return 0
 
 
