@@ -65,7 +65,8 @@
 #   peers-online  the same against Mini-SGLang's server (python -m minisgl from .peers/minisgl; fi,
 #                 page size 1, graphs to 256), into peer_minisgl_online_<gpu>_rate<R>.json; run it in
 #                 the call of bench-final-online: the Performance page pairs them by rate and run id
-#   online-policy issue 27's call: final/'s server under --chunk-policy mixed (the default, named as
+#   online-policy issue 27's call: final/'s server as served (--attn auto, or ONLINE_FINAL_ATTN) under
+#                 --chunk-policy mixed (the default, named as
 #                 bench-final-online names it) and prefill-first, and Mini-SGLang's server, one after
 #                 the other at ONLINE_RATES (default 8,32,64,inf), ONLINE_REQUESTS (default 256) each,
 #                 with final/'s per-token engine timestamps (the engine/frontend split, burst shares)
@@ -312,8 +313,11 @@ run_step() {
         keep_partial online
         return 0
       }
-      online final_online_$gpu final --port 19190
-      online final_online_prefill_first_$gpu final --port 19191 --final-args "--chunk-policy prefill-first"
+      # final/ as served: --attn auto (Hopper: FlashAttention 4's prefill, FlashInfer's decode)
+      # unless ONLINE_FINAL_ATTN names one; Mini-SGLang with FlashInfer, its FA3 kernel not on the host.
+      local attn=${ONLINE_FINAL_ATTN:-auto}
+      online final_online_$gpu final --port 19190 --final-args "--attn $attn"
+      online final_online_prefill_first_$gpu final --port 19191 --final-args "--attn $attn --chunk-policy prefill-first"
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH online peer_minisgl_online_$gpu mini-sglang --port 19290
       return $status
       ;;

@@ -43,12 +43,13 @@ from .graph import CudaGraph, Graph
 
 log = logging.getLogger(__name__)
 
+ENV = "FINAL_PREFILL_GRAPHS"
 SMALLEST_BUCKET = 256  # a prefill of fewer tokens pads to this: its GPU time is the launch's anyway
 
 
 def configured_max_tokens() -> int:
     """The largest bucket `FINAL_PREFILL_GRAPHS` asks for (0: prefill graphs off)."""
-    return int(os.environ.get("FINAL_PREFILL_GRAPHS", "0") or 0)
+    return int(os.environ.get(ENV, "0") or 0)
 
 
 def buckets(max_tokens: int, limit: int) -> list[int]:

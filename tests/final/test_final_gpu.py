@@ -12,6 +12,8 @@ import sys
 import pytest
 
 import final
+from final.attention.libraries import FLASH_ATTENTION_4
+from final.attention.support import missing_modules
 from final.core.sampling_params import SamplingParams
 from scripts.render_results import parse_result
 from tests import ROOT
@@ -73,16 +75,20 @@ def counting(run, runs: list[int]):
     return counted
 
 
-def test_prefill_graphs_match_the_eager_prefill(gpu_model_dir, monkeypatch):
+@pytest.mark.parametrize("attn", ["fi", "fa,fi"])
+def test_prefill_graphs_match_the_eager_prefill(gpu_model_dir, monkeypatch, attn):
     """Prefill steps replayed piece by piece (engine/prefill_graph.py, on with FINAL_PREFILL_GRAPHS)
     against the eager engine: the same distributions until a near-tie, the pieces really replayed,
-    the pool whole after."""
+    the pool whole after. With FlashInfer's prefill and with FlashAttention 4's (auto's on Hopper):
+    the pieces cut at attention whichever kernel runs between them."""
+    if attn.startswith("fa") and missing_modules(FLASH_ATTENTION_4):
+        pytest.skip(f"flash-attn-4 is not installed ({', '.join(missing_modules(FLASH_ATTENTION_4))})")
     prompts = sample_prompts(gpu_model_dir, n=8, seed=21)
     outs = {}
     for mode in ("eager", "graphs"):
         if mode == "graphs":
             monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "2048")
-        llm = gpu_llm(gpu_model_dir, "fi", 16)
+        llm = gpu_llm(gpu_model_dir, attn, 16)
         vocab = llm.config.vocab_size
         graphs = llm.core.executor.prefill_graphs
         assert (graphs is None) == (mode == "eager")
