@@ -17,8 +17,8 @@ adds, per length, the Python calls with the most time of their own in one more p
 its overhead inflates every call, so read the ranking, not the milliseconds). A spec ending in
 `:no-replay` (`--attn fa fa:no-replay`) builds its engine with FINAL_FA4_REPLAY=0: FlashAttention 4
 through its Python interface at every call (final/attention/fa4_replay.py), to compare in one run;
-one ending in `:graphs` (`--attn fi fi:graphs`) with FINAL_PREFILL_GRAPHS at the step budget: the
-prefill step replayed piece by piece (final/engine/prefill_graph.py), attention eager between.
+one ending in `:eager` (`--attn fi fi:eager`) with FINAL_PREFILL_GRAPHS=0: the prefill step run
+eagerly, without the piecewise CUDA graphs final/ records by default (final/engine/prefill_graph.py).
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ from unittest.mock import patch
 
 PROFILE_ROWS = 30
 NO_REPLAY = ":no-replay"
-GRAPHS = ":graphs"
+EAGER = ":eager"
 
 
-def spec_and_switches(attn: str, budget: int) -> tuple[str, dict[str, str]]:
+def spec_and_switches(attn: str) -> tuple[str, dict[str, str]]:
     """`--attn`'s spec without its suffixes, and the FINAL_* switches they stand for (read where
     the engine builds its backend and its graphs, so they are set around the build alone)."""
     from final.attention import fa4_replay
     from final.engine import prefill_graph
 
-    suffixes = {NO_REPLAY: (fa4_replay.ENV, "0"), GRAPHS: (prefill_graph.ENV, str(budget))}
+    suffixes = {NO_REPLAY: (fa4_replay.ENV, "0"), EAGER: (prefill_graph.ENV, "0")}
     switches: dict[str, str] = {}
     while suffix := next((s for s in suffixes if attn.endswith(s)), None):  # either order, both
         env, value = suffixes[suffix]
@@ -69,7 +69,7 @@ def measure(
     cpu = device == "cpu"
     # A budget for the largest batch of prompts in one step (the offline workload's first steps).
     budget = max(16384, batch * max(lengths))
-    spec, switches = spec_and_switches(attn, budget)
+    spec, switches = spec_and_switches(attn)
     with patch.dict(os.environ, switches):
         llm = final.LLM(str(model), device=device, dtype="float32" if cpu else "bfloat16", attn=spec,
                         page_size=16, max_prefill_length=budget)  # fmt: skip

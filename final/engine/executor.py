@@ -68,8 +68,8 @@ class Executor:
         self.graphs: GraphRunner | None = None
         # Every rank logs the same lines under TP: rank 0's are enough.
         say = log.info if self.tp.is_first else log.debug
-        # Prefill steps piece by piece (off unless FINAL_PREFILL_GRAPHS sets its largest bucket).
-        self.prefill_graphs = maybe_prefill_graphs(runner, self.tp.size)
+        # Prefill steps piece by piece (resolve.prefill_graph_tokens: on one GPU, every step size).
+        self.prefill_graphs = maybe_prefill_graphs(runner, resolved.prefill_graph_tokens)
         if graph_batch:
             self.graphs = GraphRunner(runner, graph_batch)
             say(

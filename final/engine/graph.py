@@ -17,7 +17,7 @@ replays it with one launch. The rules that make that work:
 Prefill and mixed steps run eagerly here: their token counts vary too much to capture whole,
 and attention's plan depends on each request's lengths. Their launch is not small next to their
 kernels for prompts of a few thousand tokens, though: prefill_graph.py records everything of such
-a step but attention, piece by piece per token bucket (off unless FINAL_PREFILL_GRAPHS is set).
+a step but attention, piece by piece per token bucket (--piecewise-cuda-graph-max-tokens).
 
 `graph_factory` makes the object that captures and replays: `CudaGraph` on a GPU; tests on the
 CPU pass `EagerGraph`, which replays by running the recorded function again over the same static

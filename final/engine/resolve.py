@@ -28,6 +28,7 @@ from ..models.registry import read_model_config
 from ..models.source import resolve_model
 from ..scheduler.policy import create_policy
 from .graph import AUTO_MAX_BATCH
+from .prefill_graph import override_max_tokens
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class ResolvedConfig:
     chunk_policy: str
     cache: str
     graph_max_batch: int | None  # the largest decode batch captured; None: decode runs eagerly
+    prefill_graph_tokens: int | None  # the largest prefill step replayed piecewise; None: eager prefill
     overlap: bool  # schedule step N+1 while step N runs (engine/core.py)
     tp: int
     nnodes: int
@@ -84,6 +86,7 @@ def resolve_config(config: EngineConfig, model_dir: Path | None = None) -> Resol
         log.info("--trust-remote-code changes nothing here: no code from the model folder ever runs")
     if config.tp > 1 and device.type == "cuda":
         device = torch.device("cuda", 0)  # rank i on cuda:i
+    budget = config.max_prefill_length or default_prefill_budget(device)
     return ResolvedConfig(
         model_dir=folder,
         model=model,
@@ -95,10 +98,11 @@ def resolve_config(config: EngineConfig, model_dir: Path | None = None) -> Resol
         num_pages=config.num_pages,
         memory_ratio=config.memory_ratio,
         max_running_requests=config.max_running_requests,
-        max_prefill_length=config.max_prefill_length or default_prefill_budget(device),
+        max_prefill_length=budget,
         chunk_policy=config.chunk_policy,
         cache=config.cache,
         graph_max_batch=graph_max_batch(config, device),
+        prefill_graph_tokens=prefill_graph_tokens(config, device, budget),
         overlap=on_here(config.overlap, device),
         tp=config.tp,
         nnodes=config.nnodes,
@@ -132,6 +136,28 @@ def graph_max_batch(config: EngineConfig, device: torch.device) -> int | None:
         return None
     auto = min(config.max_running_requests, AUTO_MAX_BATCH)
     return min(max_bs or auto, config.max_running_requests)
+
+
+def prefill_graph_tokens(config: EngineConfig, device: torch.device, budget: int) -> int | None:
+    """The largest prefill step to replay piecewise (engine/prefill_graph.py), or None for eager
+    prefill steps. FINAL_PREFILL_GRAPHS, where set, overrides the flag (the benchmarks' A/B
+    switch); by default every step: a full budget plus one decode token a running request, the
+    step buffers' size. Off with decode graphs off (--cuda-graph-max-bs 0, --enforce-eager: no
+    graphs at all) unless the flag asks, on the CPU and under --tp (one log line where asked)."""
+    asked = override_max_tokens()
+    if asked is None:
+        asked = config.piecewise_cuda_graph_max_tokens
+    if asked is None:
+        default = config.cuda_graph_max_bs != 0 and device.type == "cuda" and config.tp == 1
+        return budget + config.max_running_requests if default else None
+    if asked < 0:
+        raise UserError(f"--piecewise-cuda-graph-max-tokens must be >= 0, got {asked}")
+    if asked == 0:
+        return None
+    if device.type != "cuda" or config.tp != 1:
+        log.info("piecewise prefill graphs (%d tokens) ignored: they run on one CUDA GPU", asked)
+        return None
+    return asked
 
 
 def check_tp(config: EngineConfig, device: torch.device) -> None:

@@ -50,28 +50,22 @@ def test_a_no_replay_spec_builds_its_engine_with_fa4_replay_off(tiny_qwen3_dir, 
 
 
 def test_suffixes_set_their_switches_in_either_order():
-    graphs = {prefill_graph.ENV: "16384"}
-    assert spec_and_switches("fa,fi", 16384) == ("fa,fi", {})
-    assert spec_and_switches("fa,fi:graphs", 16384) == ("fa,fi", graphs)
-    both = {fa4_replay.ENV: "0", **graphs}
-    assert (
-        spec_and_switches("fa:graphs:no-replay", 16384)
-        == spec_and_switches("fa:no-replay:graphs", 16384)
-        == ("fa", both)
-    )
+    eager = {prefill_graph.ENV: "0"}
+    assert spec_and_switches("fa,fi") == ("fa,fi", {})
+    assert spec_and_switches("fa,fi:eager") == ("fa,fi", eager)
+    both = {fa4_replay.ENV: "0", **eager}
+    assert spec_and_switches("fa:eager:no-replay") == spec_and_switches("fa:no-replay:eager") == ("fa", both)
 
 
-def test_a_graphs_spec_builds_its_engine_with_prefill_graphs_at_the_budget(
-    tiny_qwen3_dir, tmp_path, monkeypatch
-):
+def test_an_eager_spec_builds_its_engine_without_prefill_graphs(tiny_qwen3_dir, tmp_path, monkeypatch):
     built, real = [], final.LLM
 
     def llm(*args, **kwargs):
-        built.append((kwargs["attn"], os.environ.get(prefill_graph.ENV), kwargs["max_prefill_length"]))
+        built.append((kwargs["attn"], os.environ.get(prefill_graph.ENV)))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(final, "LLM", llm)
     monkeypatch.delenv(prefill_graph.ENV, raising=False)
-    assert main(["--model", str(tiny_qwen3_dir), "--attn", "torch:graphs", "--device", "cpu",
+    assert main(["--model", str(tiny_qwen3_dir), "--attn", "torch", "torch:eager", "--device", "cpu",
                  "--tokens", "8", "--repeats", "1", "--out-dir", str(tmp_path)]) == 0  # fmt: skip
-    assert built == [("torch", "16384", 16384)] and prefill_graph.ENV not in os.environ
+    assert built == [("torch", None), ("torch", "0")] and prefill_graph.ENV not in os.environ

@@ -12,9 +12,13 @@ import pytest
 import torch
 
 import final
+from final.args import build_parser
+from final.core.config import EngineConfig
+from final.core.errors import UserError
 from final.core.sampling_params import SamplingParams
 from final.engine import prefill_graph
 from final.engine.prefill_graph import PrefillGraphRunner, bucket_for, buckets
+from final.engine.resolve import prefill_graph_tokens
 from final.kernels import qk_norm_rope_kv
 from tests.final.engine.test_final_graphs import CountingGraph, run  # the decode graphs' stand-in, step loop
 from tests.fixtures.tiny_models import sample_prompts
@@ -34,15 +38,62 @@ def test_buckets_double_from_256_up_to_the_setting_and_the_buffers():
     assert [bucket_for([256, 512], t) for t in (1, 256, 257, 512, 513)] == [256, 256, 512, 512, None]
 
 
-def test_off_unless_asked_and_only_on_one_cuda_gpu(monkeypatch, tiny_qwen3_dir):
+def config(**kwargs) -> EngineConfig:
+    return EngineConfig(model="unused", **kwargs)
+
+
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+def test_on_by_default_on_one_gpu_for_every_step_size(monkeypatch):
+    monkeypatch.delenv(prefill_graph.ENV, raising=False)
+    # A full budget plus one decode token a running request: the step buffers' size, the last bucket.
+    assert prefill_graph_tokens(config(max_running_requests=64), CUDA, 8192) == 8192 + 64
+    assert prefill_graph_tokens(config(piecewise_cuda_graph_max_tokens=2048), CUDA, 8192) == 2048
+    assert prefill_graph_tokens(config(piecewise_cuda_graph_max_tokens=0), CUDA, 8192) is None
+    # Decode graphs off means no graphs (--enforce-eager), unless the flag asks for these.
+    assert prefill_graph_tokens(config(cuda_graph_max_bs=0), CUDA, 8192) is None
+    assert (
+        prefill_graph_tokens(config(cuda_graph_max_bs=0, piecewise_cuda_graph_max_tokens=512), CUDA, 8192)
+        == 512
+    )
+    # One CUDA GPU only.
+    assert prefill_graph_tokens(config(), CPU, 512) is None
+    assert prefill_graph_tokens(config(piecewise_cuda_graph_max_tokens=512), CPU, 512) is None
+    assert prefill_graph_tokens(config(tp=2), CUDA, 8192) is None
+    with pytest.raises(UserError, match="must be >= 0"):
+        prefill_graph_tokens(config(piecewise_cuda_graph_max_tokens=-1), CUDA, 8192)
+
+
+def test_the_environment_overrides_the_flag_both_ways(monkeypatch):
+    monkeypatch.setenv(prefill_graph.ENV, "0")
+    assert prefill_graph_tokens(config(piecewise_cuda_graph_max_tokens=4096), CUDA, 8192) is None
+    monkeypatch.setenv(prefill_graph.ENV, "1024")
+    assert prefill_graph_tokens(config(piecewise_cuda_graph_max_tokens=0), CUDA, 8192) == 1024
+    assert prefill_graph_tokens(config(cuda_graph_max_bs=0), CUDA, 8192) == 1024
+    monkeypatch.setenv(prefill_graph.ENV, "")
+    assert prefill_graph.override_max_tokens() is None
+
+
+def test_a_cpu_engine_has_none_and_the_flags_reach_the_config(tiny_qwen3_dir):
     llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32")
-    runner = llm.core.executor.runner
-    assert llm.core.executor.prefill_graphs is None  # the default: FINAL_PREFILL_GRAPHS unset
-    monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "4096")
-    assert prefill_graph.configured_max_tokens() == 4096
-    assert prefill_graph.maybe_prefill_graphs(runner, tp_size=1) is None  # a CPU runner
-    monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "0")
-    assert prefill_graph.configured_max_tokens() == 0
+    assert llm.core.executor.prefill_graphs is None
+    assert prefill_graph.maybe_prefill_graphs(llm.core.executor.runner, None) is None
+    args = build_parser().parse_args(["--model", "m", "--disable-piecewise-cuda-graph"])
+    assert args.piecewise_cuda_graph_max_tokens == 0
+    args = build_parser().parse_args(["--model", "m", "--piecewise-cuda-graph-max-tokens", "4096"])
+    assert args.piecewise_cuda_graph_max_tokens == 4096
+
+
+def test_running_out_of_memory_recording_them_leaves_eager_prefill(tiny_qwen3_dir, monkeypatch):
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32")
+
+    def no_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(prefill_graph, "PrefillGraphRunner", no_memory)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    assert prefill_graph.maybe_prefill_graphs(llm.core.executor.runner, 4096) is None
 
 
 def with_prefill_graphs(llm: final.LLM, max_tokens: int) -> PrefillGraphRunner:
