@@ -55,10 +55,12 @@ class Executor:
     ):
         self.tp, self.peers, self.device = tp or TPInfo(), peers, device
         self.runner = runner = ModelRunner(resolved, device, self.tp)
-        graph_batch = resolved.graph_max_batch
-        reserve = self._measure_graphs(graph_batch) if graph_batch else 0
-        if not reserve:
-            graph_batch = None  # the backend said no (logged)
+        graph_batch, prefill_tokens = resolved.graph_max_batch, resolved.prefill_graph_tokens
+        reserve = 0
+        if graph_batch or prefill_tokens:
+            reserve, decode_ok, prefill_ok = self._measure_graphs(graph_batch, prefill_tokens)
+            graph_batch = graph_batch if decode_ok else None  # the backend said no (logged)
+            prefill_tokens = prefill_tokens if prefill_ok else None  # no memory or no split (logged)
         num_pages = resolved.num_pages or runner.pages_that_fit(resolved.memory_ratio, reserve)
         # Rank 0's page ids index every rank's pool: all ranks take the pool the tightest one fits.
         num_pages = self.tp.min_over_ranks(num_pages)
@@ -69,7 +71,7 @@ class Executor:
         # Every rank logs the same lines under TP: rank 0's are enough.
         say = log.info if self.tp.is_first else log.debug
         # Prefill steps piece by piece (resolve.prefill_graph_tokens: on one GPU, every step size).
-        self.prefill_graphs = maybe_prefill_graphs(runner, resolved.prefill_graph_tokens)
+        self.prefill_graphs = maybe_prefill_graphs(runner, prefill_tokens)
         if graph_batch:
             self.graphs = GraphRunner(runner, graph_batch)
             say(
@@ -100,26 +102,37 @@ class Executor:
         structured = StructuredOutputs(resolved.model_dir, model.vocab_size, model.eos_token_ids)
         self.sampler = Sampler(resolved.max_running_requests + 1, device, model.vocab_size, structured)
 
-    def _measure_graphs(self, max_batch: int) -> int:
-        """Capture every graph against a one-page scratch pool and return the device memory the
-        graphs and the attention state took (0 if the backend cannot capture): the KV cache is then
-        sized without it, so the graphs fit inside --memory-ratio."""
+    def _measure_graphs(self, max_batch: int | None, prefill_tokens: int | None) -> tuple[int, bool, bool]:
+        """Capture every decode graph and the prefill graphs' largest bucket (the smaller ones
+        reuse its memory) against a one-page scratch pool: (the device memory they and the
+        attention state took, whether the decode graphs could be captured, whether the prefill
+        graphs could). The KV cache is then sized without that memory, so the graphs fit inside
+        --memory-ratio."""
         runner = self.runner
         torch.cuda.synchronize(self.device)
         free_before, _ = torch.cuda.mem_get_info(self.device)
         runner.build(1)
-        reason = runner.backend.graph_unsupported_reason(max_batch)
-        if reason is not None:
-            log.info("CUDA graphs off, decode steps run eagerly: %s", reason)
-            taken = 0
-        else:
-            GraphRunner(runner, max_batch)
+        decode_ok = prefill_ok = False
+        kept = []  # alive until measured: each holds its graphs' memory pool and static buffers
+        if max_batch:
+            reason = runner.backend.graph_unsupported_reason(max_batch)
+            if reason is not None:
+                log.info("CUDA graphs off, decode steps run eagerly: %s", reason)
+            else:
+                kept.append(GraphRunner(runner, max_batch))
+                decode_ok = True
+        if prefill_tokens:
+            kept.append(maybe_prefill_graphs(runner, prefill_tokens, largest_only=True))
+            prefill_ok = kept[-1] is not None
+        taken = 0
+        if decode_ok or prefill_ok:
             torch.cuda.synchronize(self.device)
             scratch_pool = 2 * runner.page_bytes()
             taken = max(free_before - torch.cuda.mem_get_info(self.device)[0] - scratch_pool, 1)
+        kept.clear()  # before the scratch build they refer to goes
         runner.teardown()
         torch.cuda.empty_cache()
-        return taken
+        return taken, decode_ok, prefill_ok
 
     def forward(self, step: StepInput, between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         """Logits [sampled requests, vocab] for the token after each sampled request's last one:

@@ -78,11 +78,20 @@ class PrefillGraphRunner:
     """Records the pieces of a prefill step for each bucket (largest first, so the smaller ones
     reuse its memory) and runs a step through them, attention eager in between."""
 
-    def __init__(self, runner, max_tokens: int, graph_factory: Callable[[object], Graph] = CudaGraph):
+    def __init__(
+        self,
+        runner,
+        max_tokens: int,
+        graph_factory: Callable[[object], Graph] = CudaGraph,
+        largest_only: bool = False,
+    ):
+        """`largest_only`: its bucket alone, to measure the memory (the others reuse its pool)."""
         self.runner = runner
         model = runner.model
         self.layers = list(model.model.layers)
         self.sizes = buckets(max_tokens, runner.buffers.max_tokens)
+        if largest_only:
+            self.sizes = self.sizes[-1:]
         top = self.sizes[-1] if self.sizes else 0
         cfg, device, dtype = runner.config, runner.device, runner.dtype
         attention = self.layers[0].self_attn
@@ -191,25 +200,31 @@ class PrefillGraphRunner:
         return model.lm_head(x)
 
 
-def maybe_prefill_graphs(runner, max_tokens: int | None) -> PrefillGraphRunner | None:
+def maybe_prefill_graphs(
+    runner, max_tokens: int | None, largest_only: bool = False
+) -> PrefillGraphRunner | None:
     """The prefill graphs up to `max_tokens` (resolve.prefill_graph_tokens: None, off), where this
-    model's layers split around attention and the GPU has the memory left to record them."""
+    model's layers split around attention and the GPU has the memory left to record them
+    (`largest_only`: the executor's measurement of their memory before it sizes the KV cache)."""
     if not max_tokens:
         return None
     if not all(hasattr(layer, "before_attention") for layer in runner.model.model.layers):
         log.info("prefill graphs off: this model's layers are not split around attention")
         return None
     try:
-        graphs = PrefillGraphRunner(runner, max_tokens)
+        graphs = PrefillGraphRunner(runner, max_tokens, largest_only=largest_only)
     except torch.cuda.OutOfMemoryError:
-        # They are recorded after the KV cache took its share: a GPU sized to the last MiB (a high
-        # --memory-ratio) may have too little left. Eager prefill steps still work.
+        # Their memory is measured before the KV cache is sized (Executor._measure_graphs), but a
+        # GPU may not have it even then (a small card, a high --memory-ratio, another process).
+        # Eager prefill steps still work.
         torch.cuda.empty_cache()
         log.warning("prefill graphs off: out of GPU memory recording them (lower --memory-ratio "
                     "or --piecewise-cuda-graph-max-tokens to keep them)")  # fmt: skip
         return None
     if not graphs.sizes:
         return None
+    if largest_only:
+        return graphs
     log.info("prefill graphs: %d buckets (%d..%d tokens) of %d pieces captured in %.1f s",
              len(graphs.sizes), graphs.sizes[0], graphs.sizes[-1], len(graphs.layers) + 1, graphs.capture_s)  # fmt: skip
     return graphs

@@ -201,3 +201,50 @@ def test_padding_tokens_write_only_the_padding_page(tiny_qwen3_dir, small_bucket
     live = [s for s in changed if s not in padding]
     assert len(live) == len(second), f"the step wrote {len(live)} live slots for {len(second)} tokens"
     assert any(s in padding for s in changed), "the padding tokens wrote nothing: was the step padded?"
+
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    "decode_refused, prefill_oom, expected",
+    [
+        (False, False, (3 * GIB, True, True)),  # both graphs' memory is reserved
+        (False, True, (1 * GIB, True, False)),  # no memory for the prefill graphs: eager prefill
+        (True, False, (2 * GIB, False, True)),  # the backend takes no decode graphs
+        (True, True, (0, False, False)),
+    ],
+)
+def test_the_kv_cache_is_sized_without_both_graphs_memory(
+    tiny_qwen3_dir, monkeypatch, decode_refused, prefill_oom, expected
+):
+    """Executor._measure_graphs on the CPU, CUDA's memory readings and the two graph runners
+    stood in: a decode graph set takes 1 GiB, the prefill graphs' largest bucket 2 GiB."""
+    from final.engine import executor as executor_module
+
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    executor, free, asked = llm.core.executor, [64 * GIB], []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[0], 80 * GIB))
+
+    def decode_graphs(runner, max_batch):
+        free[0] -= GIB
+        return object()
+
+    class PrefillGraphs:
+        def __init__(self, runner, max_tokens, graph_factory=None, largest_only=False):
+            asked.append((max_tokens, largest_only))
+            if prefill_oom:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+            free[0] -= 2 * GIB
+            self.sizes = [max_tokens]
+
+    monkeypatch.setattr(executor_module, "GraphRunner", decode_graphs)
+    monkeypatch.setattr(prefill_graph, "PrefillGraphRunner", PrefillGraphs)
+    backend_class = type(executor.runner.backend)
+    monkeypatch.setattr(backend_class, "graph_unsupported_reason",
+                        lambda self, batch: "refused" if decode_refused else None)  # fmt: skip
+    monkeypatch.setattr(executor.runner, "page_bytes", lambda: 0)  # no scratch pool to subtract
+    assert executor._measure_graphs(8, 4096) == expected
+    assert asked == [(4096, True)]  # the largest bucket alone: the others reuse its pool
