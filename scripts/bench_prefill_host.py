@@ -8,11 +8,14 @@ For each backend, one engine; per prompt length, `--repeats` fresh prompts asked
 one at a time, after a warm-up prompt of that length (`--batch B`: B prompts at a time, one step,
 as the offline workload's first steps admit 32 at once). Each is one prefill step, timed as
 scripts/bench_offline_phases.py times steps: `launch_ms`, the host's time inside
-`EngineCore.launch` (the eager forward: every kernel and library call queued), and `step_ms`,
-from just before the request was added to its token on the host (the engine's first-token time). A prefill runs eagerly and the
-GPU follows the host, so where `launch_ms` is most of `step_ms` the host sets the pace, and a
-backend whose launch is longer by as much as its step is has a host cost, not a kernel cost.
-Medians; one JSON for all backends (not a results file: a diagnosis for the logs). `--profile`
+`EngineCore.launch` (every kernel, graph and library call queued), and `step_ms`, from just
+before the request was added to its token on the host (the engine's first-token time). The GPU
+follows the host, so where `launch_ms` is most of `step_ms` the host sets the pace (an eager
+prefill's ten launches a layer, before the piecewise graphs), and a backend whose launch is
+longer by as much as its step is has a host cost, not a kernel cost.
+Medians; one JSON for all backends (a diagnosis for the logs), and with `--results-dir` one
+result per spec (`final_prefill_host_<spec>_<gpu>.json`, metrics `step_ms_<tokens>` and
+`launch_ms_<tokens>`), so the book can quote the figures. `--profile`
 adds, per length, the Python calls with the most time of their own in one more prefill (cProfile:
 its overhead inflates every call, so read the ranking, not the milliseconds). A spec ending in
 `:no-replay` (`--attn fa fa:no-replay`) builds its engine with FINAL_FA4_REPLAY=0: FlashAttention 4
@@ -33,6 +36,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
+
+from stages.common.bench import write_result
 
 PROFILE_ROWS = 30
 NO_REPLAY = ":no-replay"
@@ -135,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--name", default="prefill_host", help="the JSON's name in --out-dir")
+    parser.add_argument("--results-dir", type=Path, default=None, help="one result per spec here")
     parser.add_argument(
         "--profile", action="store_true", help="add each length's top Python calls (cProfile)"
     )
@@ -155,7 +161,34 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         print(f"-> {path}")
+    if args.results_dir:
+        for attn, by_length in found.items():
+            print(f"-> {write_result(as_result(attn, by_length, args, argv), args.results_dir)}")
     return 0
+
+
+def as_result(
+    attn: str, by_length: dict[str, Any], args: argparse.Namespace, argv: list[str] | None
+) -> dict[str, Any]:
+    """One spec's figures as a result (benchmarks/README.md's schema): a row of the results page."""
+    from stages.common import hardware
+    from stages.common.bench import script_result
+
+    slug = attn.replace(",", "-").replace(":", "-")
+    batch = f"_b{args.batch}" if args.batch != 1 else ""
+    metrics = {}
+    for n, row in by_length.items():
+        metrics[f"step_ms_{n}"] = row["step_ms"]
+        metrics[f"launch_ms_{n}"] = row["launch_ms"]
+    return script_result(
+        "scripts.bench_prefill_host", argv,
+        name=f"final_prefill_host_{slug}{batch}_{hardware.device_tag(args.device)}",
+        stage="final",
+        workload="prefill-host",
+        config={"model": args.model.name, "attn": attn, "batch": args.batch, "repeats": args.repeats,
+                "page_size": 16},
+        metrics=metrics,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import final
 from final.attention import fa4_replay
 from final.engine import prefill_graph
 from scripts.bench_prefill_host import main, spec_and_switches
+from scripts.results_model import parse_result
 
 
 def test_each_length_has_its_launch_inside_its_prefill(tiny_qwen3_dir, tmp_path):
@@ -69,3 +70,18 @@ def test_an_eager_spec_builds_its_engine_without_prefill_graphs(tiny_qwen3_dir, 
     assert main(["--model", str(tiny_qwen3_dir), "--attn", "torch", "torch:eager", "--device", "cpu",
                  "--tokens", "8", "--repeats", "1", "--out-dir", str(tmp_path)]) == 0  # fmt: skip
     assert built == [("torch", None), ("torch", "0")] and prefill_graph.ENV not in os.environ
+
+
+def test_each_spec_becomes_a_result_the_results_page_reads(tiny_qwen3_dir, tmp_path):
+    assert main(["--model", str(tiny_qwen3_dir), "--attn", "torch", "torch:eager", "--device", "cpu",
+                 "--tokens", "8", "24", "--repeats", "1", "--results-dir", str(tmp_path)]) == 0  # fmt: skip
+    found = {}
+    for path in sorted(tmp_path.glob("*.json")):
+        result = parse_result(json.loads(path.read_text()), str(path))
+        found[result.name] = result
+    assert set(found) == {"final_prefill_host_torch_cpu", "final_prefill_host_torch-eager_cpu"}
+    for result in found.values():
+        assert result.workload == "prefill-host" and result.group == "final"
+        assert set(result.metrics) == {"step_ms_8", "step_ms_24", "launch_ms_8", "launch_ms_24"}
+        assert 0 < result.metrics["launch_ms_24"] <= result.metrics["step_ms_24"]
+    assert found["final_prefill_host_torch-eager_cpu"].config["attn"] == "torch:eager"
