@@ -109,7 +109,18 @@ def final_engine(model: Path, attn: str, final_path: Path | None = None):
         params = [final.SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=n) for n in outs]
         llm.generate(prompts, params, progress=False)
 
+    generate.attention = resolved_attention(llm)  # type: ignore[attr-defined]
     return generate
+
+
+def resolved_attention(llm) -> str | None:
+    """What `--attn auto` became in this engine ("fa,fi" on Hopper with flash-attn-4): a result
+    records it, since the table auto follows changes with the GPU, the packages and the commit.
+    None for an engine without the attribute (an older final/ under --final-path)."""
+    try:
+        return llm.core.executor.runner.backend.name
+    except AttributeError:
+        return None
 
 
 def _has_cuda() -> bool:
@@ -175,7 +186,8 @@ def child(args: argparse.Namespace) -> None:
     cuda = torch.cuda.is_available()
     Path(args.child_out).write_text(
         json.dumps({"metrics": metrics, "hardware": describe(), "versions": versions(),
-                    "device": "cuda" if cuda else "cpu", "dtype": "bfloat16" if cuda else "float32"})
+                    "device": "cuda" if cuda else "cpu", "dtype": "bfloat16" if cuda else "float32",
+                    "attention": getattr(generate, "attention", None)})
     )  # fmt: skip
 
 
@@ -204,6 +216,7 @@ def build_result(args: argparse.Namespace, argv: list[str], runs: list[dict[str,
             "device": runs[0].get("device", "cuda"),
             "dtype": runs[0].get("dtype", "bfloat16"),
             "attn": args.attn,
+            **({"attn_resolved": runs[0]["attention"]} if runs[0].get("attention") else {}),
             "repeats": len(runs),
             **(
                 {"method": "difference of a 1-token and a 128-token call"}

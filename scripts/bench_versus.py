@@ -65,6 +65,14 @@ def peer_run(engine: str, workload: str, args: argparse.Namespace, tmp: Path) ->
     return json.loads((tmp / f"{name}.json").read_text())
 
 
+def resolved_attention(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, str]:
+    """{"final_attn_resolved": "fa,fi"}: the backend final/'s runs were built with (bench_peer.py
+    records it), or nothing where no run says."""
+    seen = {r["config"].get("attn_resolved") for w in runs.get("final", {}).values() for r in w}
+    seen.discard(None)
+    return {"final_attn_resolved": ",".join(sorted(seen))} if seen else {}
+
+
 def attn_of(engine: str, args: argparse.Namespace) -> str:
     """The --attn an engine runs with: Mini-SGLang's, or final/'s (also for --base's final/)."""
     return args.attn if engine == "mini-sglang" else args.final_attn
@@ -178,8 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--final-attn",
         default="auto",
-        help="final/'s --attn: auto, what it serves with (on Hopper FlashInfer's prefill and FlashAttention "
-        "4's decode where installed); fi for kernel-for-kernel parity with Mini-SGLang's fi",
+        help="final/'s --attn: auto, what it serves with (on Hopper FlashAttention 4's prefill and "
+        "FlashInfer's decode where flash-attn-4 is installed; the result records what it resolved to); "
+        "fi for kernel-for-kernel parity with Mini-SGLang's fi",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0, help="the workloads' scale (CPU smoke runs)")
@@ -226,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
             "model": args.model.name,
             "attn": args.attn,  # Mini-SGLang's
             "final_attn": args.final_attn,
+            # What it resolved to in final/'s runs (auto's choice moves with the GPU and packages).
+            **resolved_attention(runs),
             "repeats": args.repeats,
             "scale": args.scale,
             "final_page_size": 16,

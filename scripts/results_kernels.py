@@ -25,12 +25,15 @@ def versus_files(results_dir: Path) -> dict[str, dict[str, Any]]:
     """GPU name (H200, ...) -> the versus result whose kernel tables this page shows: one where
     final/ decoded with Mini-SGLang's attention backend (`--final-attn fi` or `fa,fi`: the tables
     are decode steps, so the prefill's backend does not enter them; a versus from before that
-    option ran fi), kernel for kernel, the newest of those; else the newest."""
+    option ran fi; `auto` counts as what it resolved to, where the result records that), kernel
+    for kernel, the newest of those; else the newest."""
     found: dict[str, dict[str, Any]] = {}
 
     def rank(data: dict[str, Any]) -> tuple[bool, str]:
         config = data.get("config", {})
-        decode = (str(config.get(key, "fi")).split(",")[-1] for key in ("final_attn", "attn"))
+        # final/'s backend as it resolved (recorded since session 14), else as asked.
+        ours = config.get("final_attn_resolved") or config.get("final_attn", "fi")
+        decode = (str(spec).split(",")[-1] for spec in (ours, config.get("attn", "fi")))
         return len(set(decode)) == 1, data.get("timestamp", "")
 
     for path in sorted(results_dir.glob("*/versus_minisgl_*.json")):

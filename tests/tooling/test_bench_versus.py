@@ -78,6 +78,7 @@ def test_a_cpu_run_gives_one_json_with_both_engines(tmp_path: Path) -> None:
     parse_result(data, "versus_minisgl_cpu.json")  # a result the docs can render
     assert data["run_id"] == "call-9" and data["config"]["repeats"] == 1
     assert (data["config"]["attn"], data["config"]["final_attn"]) == ("torch", "auto")
+    assert data["config"]["final_attn_resolved"] == "torch"  # what auto became on the CPU
     offline, latency = data["offline"], data["latency"]
     assert offline["ratio"] == pytest.approx(offline["final"] / offline["mini-sglang"])
     assert latency["ratio"] == pytest.approx(latency["mini-sglang"] / latency["final"])

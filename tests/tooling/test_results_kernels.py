@@ -88,6 +88,14 @@ def test_the_table_is_the_call_where_final_ran_mini_sglangs_attention(tmp_path: 
                          "config": {"attn": "fi", "final_attn": "fa,fi"}}  # fmt: skip
     (tmp_path / "h200" / "versus_minisgl_fa-fi_h200.json").write_text(json.dumps(prefill_fa))
     assert results_kernels.versus_files(tmp_path)["H200"]["config"]["final_attn"] == "fa,fi"
+    # auto, where the result records what it resolved to, counts as that: here the same decode
+    resolved = other | {"timestamp": "2026-11-27T00:00:00Z",
+                        "config": {"attn": "fi", "final_attn": "auto", "final_attn_resolved": "fa,fi"}}  # fmt: skip
+    (tmp_path / "h200" / "versus_minisgl_h200.json").write_text(json.dumps(resolved))
+    assert results_kernels.versus_files(tmp_path)["H200"]["config"]["final_attn_resolved"] == "fa,fi"
+    resolved["config"]["final_attn_resolved"] = "fi,fa"  # FlashAttention's decode: not Mini-SGLang's
+    (tmp_path / "h200" / "versus_minisgl_h200.json").write_text(json.dumps(resolved))
+    assert results_kernels.versus_files(tmp_path)["H200"]["config"]["final_attn"] == "fa,fi"
 
 
 def test_the_verdict_names_each_category_over_by_more_than_three_percent(tmp_path: Path) -> None:
