@@ -41,6 +41,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..core.errors import UserError
 from ..core.forward_batch import StepInput
 from .graph import CudaGraph, Graph
 
@@ -54,7 +55,11 @@ def override_max_tokens() -> int | None:
     """The largest bucket `FINAL_PREFILL_GRAPHS` asks for (0: off), overriding
     --piecewise-cuda-graph-max-tokens; None where it is not set (the benchmarks' A/B switch)."""
     value = os.environ.get(ENV, "").strip()
-    return int(value) if value else None
+    if not value:
+        return None
+    if not value.isdigit():
+        raise UserError(f"{ENV}={value!r}: expected a number of tokens (0: off)")
+    return int(value)
 
 
 def buckets(max_tokens: int, limit: int) -> list[int]:

@@ -73,6 +73,9 @@ def test_the_environment_overrides_the_flag_both_ways(monkeypatch):
     assert prefill_graph_tokens(config(cuda_graph_max_bs=0), CUDA, 8192) == 1024
     monkeypatch.setenv(prefill_graph.ENV, "")
     assert prefill_graph.override_max_tokens() is None
+    monkeypatch.setenv(prefill_graph.ENV, "lots")
+    with pytest.raises(UserError, match="FINAL_PREFILL_GRAPHS='lots'"):
+        prefill_graph_tokens(config(), CUDA, 8192)
 
 
 def test_a_cpu_engine_has_none_and_the_flags_reach_the_config(tiny_qwen3_dir):
