@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,23 @@ class Result:
     @property
     def group(self) -> str:
         return group_of(self.name)
+
+
+def server_flags(config: dict[str, Any]) -> list[str]:
+    """The flags a server result was started with beyond the comparison's own settings
+    (`config.server_args`), less `--attn auto`: final/'s backend as it serves by default, which
+    the online calls pass since the server command names `fi` for the comparison. An empty list:
+    the server as it serves."""
+    flags = shlex.split(str(config.get("server_args") or ""))
+    out, i = [], 0
+    while i < len(flags):
+        if flags[i] == "--attn" and i + 1 < len(flags) and flags[i + 1] == "auto":
+            i += 2
+            continue
+        if flags[i] != "--attn=auto":
+            out.append(flags[i])
+        i += 1
+    return out
 
 
 def group_of(name: str) -> str:

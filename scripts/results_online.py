@@ -4,8 +4,9 @@ final/ under --chunk-policy prefill-first beside it when that call measured it; 
 and ITL against the rate for every server.
 
 A call is the set of results sharing a `run_id` (scripts/gpu_run.sh's online-policy or
-bench-final-online + peers-online). Per GPU the newest call with both servers' online results at
-full scale is shown; nothing typed by hand, and a GPU with no such call says so.
+bench-final-online + peers-online). Per GPU and rate the newest call with both servers' online
+results at full scale is shown (a session may split the rates over two calls: the caption names
+each); nothing typed by hand, and a GPU with no such call says so.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from scripts.results_model import HEADER, Result, device_of, device_order, format_metric, format_ratio
+from scripts.results_model import (
+    HEADER,
+    Result,
+    device_of,
+    device_order,
+    format_metric,
+    format_ratio,
+    server_flags,
+)
 from scripts.stream_metrics import SMOOTH_MAX_BURSTS as BURST_LIMIT
 
 FINAL, PEER = "final", "mini-sglang"
@@ -49,8 +58,8 @@ def variant(result: Result) -> str | None:
         return PEER
     if result.stage != FINAL:
         return None
-    args = str(result.config.get("server_args", ""))
-    return FINAL if not args else "prefill-first" if args.strip() == PREFILL_FIRST else None
+    flags = server_flags(result.config)
+    return FINAL if not flags else "prefill-first" if flags == PREFILL_FIRST.split() else None
 
 
 def rate_key(rate: str) -> float:
@@ -58,16 +67,36 @@ def rate_key(rate: str) -> float:
 
 
 def newest_call(results: list[Result], device: str) -> dict[str, dict[str, Result]] | None:
-    """{variant: {rate: result}} of the newest call on `device` that measured both servers."""
+    """{variant: {rate: result}} on `device`: per rate, the newest call that measured both servers
+    at that rate (a session may measure the rates over two calls; each rate's pair, and final/
+    prefill-first beside it, still come from one call). None where no call has both."""
     calls: dict[str, dict[str, dict[str, Result]]] = {}
     for r in results:
         kind = variant(r)
         if kind is not None and device_of(r) == device:
             calls.setdefault(r.run_id or "", {}).setdefault(kind, {})[str(r.config.get("rate"))] = r
-    both = [c for c in calls.values() if FINAL in c and PEER in c]
-    if not both:
-        return None
-    return max(both, key=lambda c: max(r.timestamp for kind in c.values() for r in kind.values()))
+    merged: dict[str, dict[str, Result]] = {}
+    rates = {rate for call in calls.values() for rate in call.get(FINAL, {})}
+    for rate in rates:
+        both = [c for c in calls.values() if rate in c.get(FINAL, {}) and rate in c.get(PEER, {})]
+        if not both:
+            continue
+        newest = max(both, key=lambda c: max(kind[rate].timestamp for kind in c.values() if rate in kind))
+        for kind, by_rate in newest.items():
+            if rate in by_rate:
+                merged.setdefault(kind, {})[rate] = by_rate[rate]
+    return merged if FINAL in merged else None
+
+
+def call_caption(call: dict[str, dict[str, Result]], rates: list[str]) -> str:
+    """Which device call each rate's pair came from: one call, or the calls with their rates."""
+    by_call: dict[str, list[str]] = {}
+    for rate in rates:
+        by_call.setdefault(call[FINAL][rate].run_id or "", []).append(rate)
+    if len(by_call) == 1:
+        return f"One device call (`{next(iter(by_call))}`)"
+    parts = "; ".join(f"`{run_id}`: {', '.join(rs)} req/s" for run_id, rs in by_call.items())
+    return f"Each rate's pair from one device call ({parts})"
 
 
 def devices(results: list[Result]) -> list[str]:
@@ -89,11 +118,10 @@ def render(results: list[Result], plot_link: str | None = None) -> str:
         assert call is not None
         ours, theirs = call[FINAL], call[PEER]
         rates = sorted(set(ours) & set(theirs), key=rate_key)
-        run_id = next(iter(ours.values())).run_id
         out += [
             f"### {device}",
             "",
-            f"One device call (`{run_id}`); the ratio is final/'s speed-up, above 1 when it is ahead.",
+            f"{call_caption(call, rates)}; the ratio is final/'s speed-up, above 1 when it is ahead.",
             "",
         ]
         head = ["rate (req/s)"] + [f"{title}: final/ · Mini-SGLang · ratio" for _, title, _ in COLUMNS]

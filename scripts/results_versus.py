@@ -30,6 +30,7 @@ from scripts.results_model import (
     format_metric,
     format_ratio,
     format_value,
+    server_flags,
 )
 from scripts.stream_metrics import SMOOTH_MAX_BURSTS as BURST_LIMIT  # issue 27's bound, the streams' too
 
@@ -149,7 +150,7 @@ def as_served(result: Result) -> bool:
         and config.get("overlap") not in ("off", False)
         and not config.get("disable_overlap")
         and int(config.get("tp", 1)) == 1
-        and not config.get("server_args")  # a server started with other flags (--chunk-policy ...)
+        and not server_flags(config)  # a server started with other flags (--chunk-policy ...)
         # bench_versus --final-attn fi: a kernel-for-kernel comparison, not final/'s default backends
         # (a versus from before that option ran fi, which `auto` then picked: as served)
         and config.get("final_attn", "auto") == "auto"

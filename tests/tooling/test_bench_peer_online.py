@@ -328,3 +328,37 @@ def test_the_local_step_burst_row_is_final_s_own_with_its_goal():
     ours.metrics["burst_share_local_step"] = 0.06
     page = results_versus.render([ours, theirs])
     assert "| online 32 req/s, gaps < ½ local step (share) | 0.06 | — | — | ≤ 0.05: not yet |" in page
+
+
+def test_final_as_served_may_name_attn_auto_and_the_rates_may_come_from_two_calls():
+    """gpu_run.sh online-policy starts final/ with `--attn auto` (the server command names fi for
+    the comparison): that is final/ as it serves, in both tables; and a session that splits the
+    rates over two calls shows every rate, each pair (and prefill-first beside it) from its call."""
+    from scripts import results_online
+    from scripts.results_model import server_flags
+
+    assert server_flags({"server_args": "--attn auto"}) == [] == server_flags({"server_args": "--attn=auto"})
+    assert server_flags({"server_args": "--attn auto --chunk-policy prefill-first"}) == [
+        "--chunk-policy",
+        "prefill-first",
+    ]
+    assert server_flags({"server_args": "--attn fi"}) == ["--attn", "fi"]  # not the default: not as served
+    served, first = (
+        {"server_args": "--attn auto"},
+        {"server_args": "--attn auto --chunk-policy prefill-first"},
+    )
+    results = [
+        online_result("final", "final_online_h200", "8", "c6", 13.0, **served),
+        online_result("final", "final_online_prefill_first_h200", "8", "c6", 12.0, **first),
+        online_result("mini-sglang", "peer_minisgl_online_h200", "8", "c6", 22.0),
+        online_result("final", "final_online_h200", "64", "c5", 30.0, **served),
+        online_result("final", "final_online_prefill_first_h200", "64", "c5", 22.0, **first),
+        online_result("mini-sglang", "peer_minisgl_online_h200", "64", "c5", 58.0),
+        online_result("final", "final_online_h200", "64", "c0", 99.0, **{"server_args": "--attn fi"}),
+    ]
+    h200 = results_online.render(results).split("### H200")[1]
+    assert "(`c6`: 8 req/s; `c5`: 64 req/s)" in h200
+    assert "13 · 22 · 1.69×" in h200 and "30 · 58 · 1.93×" in h200
+    assert any("final/ prefill-first" in line and "| 22 |" in line for line in h200.splitlines())
+    versus = results_versus.render(results).split("### H200")[1]
+    assert "online 64 req/s, TTFT p50 (ms) | 30 | 58 |" in versus
