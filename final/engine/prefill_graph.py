@@ -21,7 +21,7 @@ The static buffers: the runner's (input ids, positions, K/V slots) and four of t
 sized for the largest bucket (q, k and v for attention, attention's output, the residual stream,
 the last layer's output). Between pieces the residual stream stays in its buffer (FlashInfer's
 fused add + norm updates it in place; the torch path's result is copied back, a no-op for the
-kernel's). Each bucket's graphs share one memory pool with every other graph of the engine.
+kernel's). Every bucket's graphs share one memory pool, their own (the decode graphs have theirs).
 
 On by default on one GPU, every step size up to a full budget (--piecewise-cuda-graph-max-tokens;
 FINAL_PREFILL_GRAPHS overrides it for an A/B): on an H200 it took a 512-token prefill from about

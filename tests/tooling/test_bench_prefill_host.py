@@ -34,18 +34,27 @@ def test_a_batch_of_prompts_is_one_prefill_step(tiny_qwen3_dir, tmp_path):
     assert data["batch"] == 3 and row["prompt_tokens"] == 3 * 24 and 0 < row["launch_ms"]
 
 
-def test_a_no_replay_spec_builds_its_engine_with_fa4_replay_off(tiny_qwen3_dir, tmp_path, monkeypatch):
+def switches_at_build(model, out, monkeypatch, env: str, specs: list[str]) -> list[tuple[str, str | None]]:
+    """Run the script on the CPU for `specs`: (each engine's --attn, `env` as its build saw it)."""
     built, real = [], final.LLM
 
     def llm(*args, **kwargs):
-        built.append((kwargs["attn"], os.environ.get(fa4_replay.ENV)))
+        built.append((kwargs["attn"], os.environ.get(env)))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(final, "LLM", llm)
-    monkeypatch.delenv(fa4_replay.ENV, raising=False)
-    assert main(["--model", str(tiny_qwen3_dir), "--attn", "torch", "torch:no-replay", "--device", "cpu",
-                 "--tokens", "8", "--repeats", "1", "--out-dir", str(tmp_path)]) == 0  # fmt: skip
-    assert built == [("torch", None), ("torch", "0")] and fa4_replay.ENV not in os.environ
+    monkeypatch.delenv(env, raising=False)
+    assert main(["--model", str(model), "--attn", *specs, "--device", "cpu",
+                 "--tokens", "8", "--repeats", "1", "--out-dir", str(out)]) == 0  # fmt: skip
+    assert env not in os.environ  # set around the build alone
+    return built
+
+
+def test_a_no_replay_spec_builds_its_engine_with_fa4_replay_off(tiny_qwen3_dir, tmp_path, monkeypatch):
+    built = switches_at_build(
+        tiny_qwen3_dir, tmp_path, monkeypatch, fa4_replay.ENV, ["torch", "torch:no-replay"]
+    )
+    assert built == [("torch", None), ("torch", "0")]
     data = json.loads((tmp_path / "prefill_host.json").read_text())
     assert set(data["by_attn"]) == {"torch", "torch:no-replay"}
 
@@ -59,17 +68,10 @@ def test_suffixes_set_their_switches_in_either_order():
 
 
 def test_an_eager_spec_builds_its_engine_without_prefill_graphs(tiny_qwen3_dir, tmp_path, monkeypatch):
-    built, real = [], final.LLM
-
-    def llm(*args, **kwargs):
-        built.append((kwargs["attn"], os.environ.get(prefill_graph.ENV)))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(final, "LLM", llm)
-    monkeypatch.delenv(prefill_graph.ENV, raising=False)
-    assert main(["--model", str(tiny_qwen3_dir), "--attn", "torch", "torch:eager", "--device", "cpu",
-                 "--tokens", "8", "--repeats", "1", "--out-dir", str(tmp_path)]) == 0  # fmt: skip
-    assert built == [("torch", None), ("torch", "0")] and prefill_graph.ENV not in os.environ
+    built = switches_at_build(
+        tiny_qwen3_dir, tmp_path, monkeypatch, prefill_graph.ENV, ["torch", "torch:eager"]
+    )
+    assert built == [("torch", None), ("torch", "0")]
 
 
 def test_each_spec_becomes_a_result_the_results_page_reads(tiny_qwen3_dir, tmp_path):
