@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -49,9 +50,36 @@ def run(cmd: list[str]) -> None:
         raise SystemExit(f"[bench_versus] failed (exit code {code}): {shlex.join(cmd)}")
 
 
+GPU_FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "clocks_throttle_reasons.active")
+
+
+def machine_state() -> dict[str, Any]:
+    """What the machine was doing as a run started: the host's load average, the GPU's clocks,
+    temperature, power and throttle reasons, and how many processes held the GPU. Kept beside each
+    run so that a slow repeat can be told from a slow engine (the H200 gave one of each engine in
+    one call of session 14, unexplained). Empty where nvidia-smi is missing (the CPU)."""
+    state: dict[str, Any] = {"loadavg_1m": round(os.getloadavg()[0], 2)}
+    query = ["nvidia-smi", "--format=csv,noheader,nounits"]
+    try:
+        gpu = subprocess.run(
+            [*query, "--query-gpu=" + ",".join(GPU_FIELDS)], capture_output=True, text=True, timeout=20
+        )
+        apps = subprocess.run(
+            [*query, "--query-compute-apps=pid"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return state
+    if gpu.returncode == 0 and gpu.stdout.strip():
+        values = [v.strip() for v in gpu.stdout.splitlines()[0].split(",")]
+        state |= dict(zip(GPU_FIELDS, values, strict=False))
+    if apps.returncode == 0:
+        state["gpu_processes"] = len([line for line in apps.stdout.splitlines() if line.strip()])
+    return state
+
+
 def peer_run(engine: str, workload: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    """One fresh-process run of bench_peer.py; its result file's content. `final-base` is final/
-    imported from --base's folder."""
+    """One fresh-process run of bench_peer.py; its result file's content, with the machine's state
+    as it started (`machine`). `final-base` is final/ imported from --base's folder."""
     name = f"{engine}_{workload}".replace("-", "_")
     extra = []
     if engine == BASE:  # final/ imported from --base's folder (bench_peer.py checks it was)
@@ -61,8 +89,9 @@ def peer_run(engine: str, workload: str, args: argparse.Namespace, tmp: Path) ->
     # which needs its full 128 tokens.
     scale = args.scale if workload == "offline" else 1.0
     cmd += ["--model", str(args.model), "--attn", attn_of(engine, args), "--scale", str(scale)]
+    before = machine_state()
     run(cmd + ["--out", str(tmp), "--name", name])
-    return json.loads((tmp / f"{name}.json").read_text())
+    return json.loads((tmp / f"{name}.json").read_text()) | {"machine": before}
 
 
 def resolved_attention(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, str]:
@@ -107,6 +136,8 @@ def assemble(
             "mini-sglang": median["mini-sglang"],
             "ratio": ratio(median["final"], median["mini-sglang"], higher),
             "runs": values,
+            # each run's machine state as it started (machine_state), in the order of `runs`
+            "machine": {e: [r.get("machine", {}) for r in runs[e][workload]] for e in values},
         }
         base = [r["metrics"][metric] for r in runs.get(BASE, {}).get(workload, [])]
         if base:

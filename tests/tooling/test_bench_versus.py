@@ -87,3 +87,33 @@ def test_a_cpu_run_gives_one_json_with_both_engines(tmp_path: Path) -> None:
     # the base ran from its own folder (bench_peer.py asserts where final/ came from)
     assert offline["vs_base"] == pytest.approx(offline["final"] / offline["base"])
     assert "--final-path" in done.stderr
+
+
+def test_each_run_keeps_the_machine_state_it_started_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow repeat must be tellable from a slow engine: the GPU's clocks, temperature, throttle
+    reasons and the processes on it are read (from nvidia-smi, here a stand-in) before each run
+    and kept beside it, in the order of `runs`."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *compute-apps*) printf "101\\n202\\n" ;; '
+        '*) printf "1980, 3201, 41, 310.5, 0x0000000000000004\\n" ;; esac\n'
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    state = bench_versus.machine_state()
+    assert state["clocks.sm"] == "1980" and state["temperature.gpu"] == "41"
+    assert state["clocks_throttle_reasons.active"] == "0x0000000000000004"
+    assert state["gpu_processes"] == 2 and state["loadavg_1m"] >= 0
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no nvidia-smi: the load average alone
+    assert set(bench_versus.machine_state()) == {"loadavg_1m"}
+    slow, fast = {"clocks.sm": "1200"}, {"clocks.sm": "1980"}
+    runs = {
+        "final": {"latency": [{"metrics": {"decode_step_ms": 1.0}, "machine": fast},
+                              {"metrics": {"decode_step_ms": 1.4}, "machine": slow}]},
+        "mini-sglang": {"latency": [{"metrics": {"decode_step_ms": 1.6}}]},
+    }  # fmt: skip
+    out = bench_versus.assemble(runs, {})
+    assert out["latency"]["machine"] == {"final": [fast, slow], "mini-sglang": [{}]}
