@@ -60,7 +60,9 @@ class ForwardBatch:
     rows: torch.Tensor  # [B] each request's page-table row
     seq_lens_t: torch.Tensor  # [B] seq_lens on the device (int32)
     out_slots: torch.Tensor  # [T] pool slot receiving each new token's K and V
-    last_token_index: torch.Tensor  # [S] where each sampled request's last token sits in [T]
+    # [S] where each sampled request's last token sits in [T]; None: every token, in order (a
+    # decode graph's rows: the model then gathers nothing, two kernels a step fewer).
+    last_token_index: torch.Tensor | None
     # Called by the model after each layer's kernels are queued (an eager step only; engine/delivery.py).
     between_layers: Callable[[], None] | None = None
 

@@ -105,8 +105,6 @@ class GraphRunner:
         device = runner.device
         # In the model's dtype, as the model returns them: the sampler reads bf16 logits as they are.
         self.logits = torch.zeros(max_batch, runner.config.vocab_size, dtype=runner.dtype, device=device)
-        # Every row of a decode graph is a request's last token: the model's "last token" indices.
-        self.every_row = torch.arange(max_batch, dtype=torch.int64, device=device)
         self.sampled_index = torch.zeros(max_batch, dtype=torch.int64, device=device)
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         self.graphs: dict[int, Graph] = {}
@@ -129,7 +127,7 @@ class GraphRunner:
             rows=buf.rows[:size],
             seq_lens_t=buf.seq_lens[:size],
             out_slots=buf.out_slots[:size],
-            last_token_index=self.every_row[:size],
+            last_token_index=None,  # every row is a request's last token: the model gathers nothing
         )
 
     def _capture(self, size: int, graph: Graph) -> Graph:

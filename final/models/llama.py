@@ -170,5 +170,7 @@ class LlamaForCausalLM(nn.Module):
                 batch.between_layers()  # host work while the GPU runs what is queued (delivery.py)
         # The LM head is the largest matmul of a step; a prefill of T tokens needs only B rows of it.
         last = batch.last_token_index
-        x, _ = self.model.norm.add_and_norm(x[last], residual[last])
+        if last is not None:  # None: each token is a request's last (a decode graph), no gather
+            x, residual = x[last], residual[last]
+        x, _ = self.model.norm.add_and_norm(x, residual)
         return self.lm_head(x)

@@ -161,3 +161,41 @@ def test_torch_backend_declines_graphs_it_cannot_afford(tiny_qwen3_dir):
     assert isinstance(backend, TorchBackend)
     assert backend.graph_unsupported_reason(8) is None
     assert "MiB per layer" in backend.graph_unsupported_reason(10**7)
+
+
+def last_token_gathers(llm: final.LLM) -> list[int]:
+    """Wrap the model so that each forward appends how many gathers by its batch's
+    `last_token_index` (aten::index, a kernel each on a GPU) it ran."""
+    runner = llm.core.executor.runner
+    model, counts = runner.model, []
+
+    def forward(batch, backend):
+        counts.append(0)
+
+        class Counting(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if func is torch.Tensor.__getitem__ and isinstance(args[1], torch.Tensor):
+                    counts[-1] += args[1] is batch.last_token_index
+                return func(*args, **(kwargs or {}))
+
+        with Counting():
+            return model(batch, backend)
+
+    runner.model = forward
+    return counts
+
+
+def test_a_decode_graph_gathers_no_last_tokens(tiny_qwen3_dir):
+    """Every row of a decode graph is a request's last token, so the model picks none out before
+    the final norm (two index kernels a step less on a GPU: `last_token_index` is None there); a
+    prefill, whose sampled rows are a few of its tokens, still does, for x and the residual."""
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", page_size=4, num_pages=64)
+    with_graphs(llm, max_batch=4)
+    counts = last_token_gathers(llm)
+    for p in sample_prompts(tiny_qwen3_dir, n=2, seed=3):
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    llm.step()  # the prefill: eager, two prompts' last tokens out of many
+    assert counts == [2]
+    CountingGraph.replays.clear()
+    llm.step()  # a decode step, replayed
+    assert CountingGraph.replays == Counter({2: 1}) and counts == [2, 0]
