@@ -77,8 +77,8 @@ def counting(run, runs: list[int]):
 
 @pytest.mark.parametrize("attn", ["fi", "fa,fi"])
 def test_prefill_graphs_match_the_eager_prefill(gpu_model_dir, monkeypatch, attn):
-    """Prefill steps replayed piece by piece (engine/prefill_graph.py, on with FINAL_PREFILL_GRAPHS)
-    against the eager engine: the same distributions until a near-tie, the pieces really replayed,
+    """Prefill steps replayed piece by piece (engine/prefill_graph.py, on by default; the budget
+    here FINAL_PREFILL_GRAPHS's) against the eager engine (FINAL_PREFILL_GRAPHS=0): the same distributions until a near-tie, the pieces really replayed,
     the pool whole after. With FlashInfer's prefill and with FlashAttention 4's (auto's on Hopper):
     the pieces cut at attention whichever kernel runs between them."""
     if attn.startswith("fa") and missing_modules(FLASH_ATTENTION_4):
@@ -86,8 +86,7 @@ def test_prefill_graphs_match_the_eager_prefill(gpu_model_dir, monkeypatch, attn
     prompts = sample_prompts(gpu_model_dir, n=8, seed=21)
     outs = {}
     for mode in ("eager", "graphs"):
-        if mode == "graphs":
-            monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "2048")
+        monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "2048" if mode == "graphs" else "0")
         llm = gpu_llm(gpu_model_dir, attn, 16)
         vocab = llm.config.vocab_size
         graphs = llm.core.executor.prefill_graphs
