@@ -48,6 +48,10 @@
 #                 and with FINAL_PDL=0, in one call: final_latency_pdl1_<gpu>.json, _pdl0_; then the
 #                 decode step's kernels at batch 1, 64 and 256 with PDL off, as shipped (the fused K/V
 #                 kernel's up to PDL_MAX_TOKENS) and everywhere: logs/pdl_kernels_{off,shipped,all}.json
+#   pdl-bound     the fused K/V kernel's PDL bound by step time, not busy time (which leaves out the
+#                 gaps between kernels that PDL closes): final/'s decode step at batch 8, 64 and 256,
+#                 3 runs each, as shipped and with the kernel off PDL (FINAL_PDL_MAX_TOKENS=0):
+#                 final_decode_b<N>_pdl_{shipped,off}_<gpu>.json
 #   prefill-host  per backend (ATTN_SPECS, default "fi fa"), the host's launch time of a batch-1 prefill
 #                 at 512, 2048, 8192 tokens against the whole prefill (scripts/bench_prefill_host.py), into
 #                 logs/prefill_host.json: a slower first token from the kernels or from the host (issue 26);
@@ -406,6 +410,15 @@ run_step() {
           --batch 1 64 256 --temperature 0.0 --json "$out/logs/pdl_kernels_${variant##*:}.json"
       done
       $py -m scripts.results_pdl "$out/logs" ;;  # per batch: busy and fused-kernel time, the bound
+    pdl-bound)
+      for b in 8 64 256; do
+        for variant in shipped off; do
+          env $( [ $variant = off ] && echo FINAL_PDL_MAX_TOKENS=0 ) $py -m stages.common.bench --device cuda \
+            --dtype bfloat16 --model $ckpt --out $results --no-progress --engine final --workload decode-step \
+            --workload-arg batch=$b --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 \
+            --name final_decode_b${b}_pdl_${variant}_$gpu
+        done
+      done ;;
     prefill-kernels)  # both engines' kernels of one 16,384-token prefill (issue 31), into logs/
       $py -m scripts.kernel_table --engine final --model $ckpt --batch --prefill-prompts 32 --json "$out/logs/prefill_kernels_final.json"
       PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH $py -m scripts.kernel_table --engine mini-sglang --model $ckpt \

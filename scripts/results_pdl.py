@@ -9,6 +9,11 @@ for steps of up to `PDL_MAX_TOKENS` tokens, final/kernels/qk_norm_rope_kv.py) an
 fused kernel's own time each way, and the bound the figures support: the largest batch measured
 at which PDL everywhere keeps the GPU busy no longer than PDL off (within 1%, the tables' noise
 between two runs of one call); PDL is on by default below it.
+
+Busy time counts the kernels' union and leaves out the gaps between them, which are what a
+dependent launch closes: on the H200 (session 15) the batch-1 step was 12% shorter with PDL while
+its busy time was 0.5% longer. So the bound this prints is a lower one; `gpu_run.sh pdl-bound`
+compares the decode step's time itself.
 """
 
 from __future__ import annotations
