@@ -148,8 +148,10 @@ class StandInModel:
     def __init__(self, rows: int, vocab: int):
         self.logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
 
-    def __call__(self, batch: Any, backend: Any) -> torch.Tensor:
-        return self.logits[: batch.last_token_index.shape[0]]
+    def __call__(self, batch: Any, backend: Any, out: torch.Tensor | None = None) -> torch.Tensor:
+        last = batch.last_token_index  # None: every row (a decode graph's batch)
+        logits = self.logits[: batch.size if last is None else last.shape[0]]
+        return logits if out is None else out.copy_(logits)
 
 
 class NoReplayGraph(EagerGraph):

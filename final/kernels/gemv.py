@@ -146,15 +146,19 @@ def triton_linear(
     bias: torch.Tensor | None = None,
     config: GemvConfig | None = None,
     pdl: bool | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The kernel: x [M, K] (M small), weight [N, K], bias [N] -> [M, N] in x's dtype. `pdl`: launch
-    with programmatic dependent launch (default: where the GPU and Triton have it)."""
+    """The kernel: x [M, K] (M small), weight [N, K], bias [N] -> [M, N] in x's dtype, into `out`
+    where given (rows of unit stride). `pdl`: launch with programmatic dependent launch (default:
+    where the GPU and Triton have it)."""
     m, k = x.shape
     n = weight.shape[0]
     assert weight.shape[1] == k and weight.stride(1) == 1, "W must be row-major [N, K]"
     if x.stride(1) != 1:
         x = x.contiguous()
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if out is not None:
+        assert out.shape == (m, n) and out.dtype == x.dtype and out.stride(1) == 1, "out must be [M, N] rows"
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return y
     config = config or default_config(m, n, k)
@@ -193,8 +197,15 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through the GEMV kernel where it was measured faster (see gemv_max_m)."""
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear, through the GEMV kernel where it was measured faster (see gemv_max_m); written
+    into `out` where given (a decode graph's logits buffer: no copy of [batch, vocab] after)."""
     if use_gemv(x, weight):
-        return triton_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+        return triton_linear(x, weight, bias, out=out)
+    if out is None:
+        return F.linear(x, weight, bias)
+    if bias is None:
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)

@@ -169,9 +169,13 @@ class ParallelLMHead(VocabParallelEmbedding):
     """The output projection onto the vocabulary, split like the embedding: each rank computes the
     logits of its slice of the vocabulary, and an all-gather puts them side by side."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        logits = self.tp.all_gather(gemv.linear(x, self.weight))
-        return logits[..., : self.vocab_size]
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
+        """The logits [rows, vocab]; with `out`, written there and returned (straight from the
+        matmul on one rank with an unpadded vocabulary, else copied)."""
+        if out is not None and self.tp.size == 1 and self.rows == self.vocab_size:
+            return gemv.linear(x, self.weight, out=out)
+        logits = self.tp.all_gather(gemv.linear(x, self.weight))[..., : self.vocab_size]
+        return logits if out is None else out.copy_(logits)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

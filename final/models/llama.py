@@ -161,7 +161,9 @@ class LlamaForCausalLM(nn.Module):
         self.rope: RotaryEmbedding | None = None  # built on the right device after loading
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, attn: Attention) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, attn: Attention, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits of each sampled request's last token [S, vocab]; into `out` where given (a
+        decode graph's static logits buffer)."""
         assert self.rope is not None, "load the model with models.load_model"
         x, residual = self.model.embed_tokens(batch.input_ids), None
         for layer in self.model.layers:
@@ -173,4 +175,4 @@ class LlamaForCausalLM(nn.Module):
         if last is not None:  # None: each token is a request's last (a decode graph), no gather
             x, residual = x[last], residual[last]
         x, _ = self.model.norm.add_and_norm(x, residual)
-        return self.lm_head(x)
+        return self.lm_head(x, out=out)

@@ -169,7 +169,7 @@ def last_token_gathers(llm: final.LLM) -> list[int]:
     runner = llm.core.executor.runner
     model, counts = runner.model, []
 
-    def forward(batch, backend):
+    def forward(batch, backend, **kwargs):
         counts.append(0)
 
         class Counting(torch.overrides.TorchFunctionMode):
@@ -179,7 +179,7 @@ def last_token_gathers(llm: final.LLM) -> list[int]:
                 return func(*args, **(kwargs or {}))
 
         with Counting():
-            return model(batch, backend)
+            return model(batch, backend, **kwargs)
 
     runner.model = forward
     return counts
@@ -199,3 +199,41 @@ def test_a_decode_graph_gathers_no_last_tokens(tiny_qwen3_dir):
     CountingGraph.replays.clear()
     llm.step()  # a decode step, replayed
     assert CountingGraph.replays == Counter({2: 1}) and counts == [2, 0]
+
+
+def test_a_decode_graph_writes_its_logits_in_place(tiny_qwen3_dir):
+    """The LM head of a decode graph writes into the graph runner's static logits (`out`), so no
+    [batch, vocab] copy follows it (78 MB at batch 256 of Qwen3's vocabulary); the step's logits
+    are those rows, and they equal an eager forward's."""
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", page_size=4, num_pages=64)
+    graphs = with_graphs(llm, max_batch=4)
+    head = llm.core.executor.runner.model.lm_head
+    written: list[int] = []
+    original = head.forward
+
+    def forward(x, out=None):
+        logits = original(x, out=out)
+        written.append(logits.data_ptr())
+        return logits
+
+    head.forward = forward
+    for p in sample_prompts(tiny_qwen3_dir, n=3, seed=4):
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    llm.step()  # the prefill: eager, logits of its own
+    assert written[-1] != graphs.logits.data_ptr()
+    llm.step()  # a decode step, replayed
+    assert written[-1] == graphs.logits.data_ptr()
+
+
+def test_linear_into_out_on_the_cpu():
+    """gemv.linear's `out` where no GEMV kernel runs (torch.mm / addmm): F.linear's numbers, in
+    the given rows."""
+    from final.kernels import gemv
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 16), torch.randn(40, 16), torch.randn(40)
+    for bias in (None, b):
+        buffer = torch.full((5, 40), 7.0)
+        got = gemv.linear(x, w, bias, out=buffer[:3])
+        assert got.data_ptr() == buffer.data_ptr() and (buffer[3:] == 7).all()
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, w, bias))

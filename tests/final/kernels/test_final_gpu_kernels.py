@@ -307,6 +307,20 @@ def test_gemv_matches_f_linear(shape, m):
     assert got.dtype == torch.bfloat16 and rel_error(got, want) < 1e-2
 
 
+@pytest.mark.parametrize("m", [1, 4, 64, 256])
+def test_linear_writes_into_out_whichever_kernel_runs(m):
+    """gemv.linear's `out` (the LM head into a decode graph's logits): the GEMV below its bound,
+    cuBLAS above, the same numbers as without `out`, in the given rows and nowhere else."""
+    n, k = 151936, 1024
+    torch.manual_seed(m)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    buffer = torch.full((m + 3, n), 7.0, device="cuda", dtype=torch.bfloat16)
+    got = gemv.linear(x, w, out=buffer[:m])
+    assert got.data_ptr() == buffer.data_ptr() and (buffer[m:] == 7).all()
+    assert torch.equal(got, gemv.linear(x, w))
+
+
 def test_gemv_uses_pdl_on_hopper_and_matches_f_linear_either_way():
     """Programmatic dependent launch changes when the kernel starts, never what it computes."""
     assert gemv.use_pdl(torch.zeros(1, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)

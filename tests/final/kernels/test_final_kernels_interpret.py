@@ -164,6 +164,11 @@ def test_gemv_matches_f_linear(m, n, k, bias, config):
     want = torch.nn.functional.linear(x.float(), weight.float(), None if b is None else b.float())
     assert got.shape == (m, n) and got.dtype == torch.float16
     torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
+    # Into a given buffer's first rows (a decode graph's static logits): the rest left as they were.
+    buffer = torch.full((m + 2, n), 7.0).half()
+    into = gemv.triton_linear(x, weight, b, config, out=buffer[:m])
+    assert into.data_ptr() == buffer.data_ptr() and (buffer[m:] == 7).all()
+    torch.testing.assert_close(buffer[:m].float(), want, atol=2e-3, rtol=2e-3)
 
 
 def random_step_tables(batch: int, page_size: int, padding_rows: int, seed: int):
