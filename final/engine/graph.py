@@ -105,7 +105,6 @@ class GraphRunner:
         device = runner.device
         # In the model's dtype, as the model returns them: the sampler reads bf16 logits as they are.
         self.logits = torch.zeros(max_batch, runner.config.vocab_size, dtype=runner.dtype, device=device)
-        self.sampled_index = torch.zeros(max_batch, dtype=torch.int64, device=device)
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         self.graphs: dict[int, Graph] = {}
         start = time.perf_counter()
@@ -118,14 +117,15 @@ class GraphRunner:
 
     def _batch(self, size: int, seq_lens: list[int]) -> ForwardBatch:
         buf = self.runner.buffers
+        rows, seq_lens_t = self.runner.decode_views(size)
         return ForwardBatch(
             is_prefill=False,
             query_lens=[1] * size,
             seq_lens=seq_lens,
             input_ids=buf.input_ids[:size],
             positions=buf.positions[:size],
-            rows=buf.rows[:size],
-            seq_lens_t=buf.seq_lens[:size],
+            rows=rows,
+            seq_lens_t=seq_lens_t,
             out_slots=buf.out_slots[:size],
             last_token_index=None,  # every row is a request's last token: the model gathers nothing
         )
@@ -149,10 +149,10 @@ class GraphRunner:
         """Replay the step's padded graph; the logits [sampled requests, vocab] of its real rows."""
         size = padded_size(self.sizes, step.size)
         assert size is not None and self.can_run(step)
-        sampled = self.runner.stage_decode(step, size, self.sampled_index)
+        sampled, sampled_index = self.runner.stage_decode(step, size)
         pad = size - step.size
         self.runner.backend.prepare_for_replay(self._batch(size, step.seq_lens + [1] * pad))
         self.graphs[size].replay()
         if sampled == step.size:  # every request is sampled (a decode step's usual case): no copy
             return self.logits[:sampled]
-        return self.logits[:size].index_select(0, self.sampled_index[:sampled])
+        return self.logits[:size].index_select(0, sampled_index)

@@ -167,17 +167,24 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ decode graphs' inputs
 
+    def decode_views(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows and lengths a decode graph of `size` rows reads: the first 2 * size ints of the
+        staging buffer, where `stage_decode`'s one host-to-device copy puts them. Fixed addresses
+        per size (what a graph needs), and no device copy into other buffers after the transfer."""
+        staging = self.buffers.staging
+        return staging[:size], staging[size : 2 * size]
+
     def stage_padding(self, size: int) -> None:
         """Every one of the first `size` rows a padding row of length 1 (what a graph is captured on)."""
-        buf = self.buffers
-        buf.rows[:size].fill_(self.page_table.padding_row)
-        buf.seq_lens[:size].fill_(1)
+        rows, seq_lens = self.decode_views(size)
+        rows.fill_(self.page_table.padding_row)
+        seq_lens.fill_(1)
 
-    def stage_decode(self, step: StepInput, size: int, sampled_index: torch.Tensor) -> int:
-        """Write a decode step's numbers, padded to `size` rows, into the static buffers a graph
-        reads; the indices of the sampled rows go to `sampled_index`. Returns how many there are.
-        A request whose token the host supplies (a prompt's 1-token chunk, a recomputed answer's
-        last token) has it written into the token table, where the graph reads every row's."""
+    def stage_decode(self, step: StepInput, size: int) -> tuple[int, torch.Tensor]:
+        """Send a decode step's numbers, padded to `size` rows, to where a graph of that size reads
+        them (`decode_views`). Returns how many rows are sampled and their indices (a device view,
+        int32). A request whose token the host supplies (a prompt's 1-token chunk, a recomputed
+        answer's last token) has it written into the token table, where the graph reads every row's."""
         buf, b = self.buffers, step.size
         pad = size - b
         sampled = [i for i, s in enumerate(step.sampled) if s]
@@ -186,25 +193,23 @@ class ModelRunner:
         s, h = len(sampled), len(host)
         layout = step.rows + [self.page_table.padding_row] * pad + step.seq_lens + [1] * pad
         layout += sampled + host_rows + host_tokens
-        parts = torch.split(self._send(layout), [size, size, s, h, h])
-        buf.rows[:size].copy_(parts[0])
-        buf.seq_lens[:size].copy_(parts[1])
-        sampled_index[:s].copy_(parts[2])
-        torch.index_select(buf.rows, 0, parts[2], out=buf.sampled_rows[:s])
+        rows, _, sampled_index, to_rows, tokens = torch.split(self._send(layout), [size, size, s, h, h])
+        torch.index_select(rows, 0, sampled_index, out=buf.sampled_rows[:s])
         if h:
-            self.token_table[parts[3]] = parts[4]
+            self.token_table[to_rows] = tokens
         self.page_table.flush()
-        return s
+        return s, sampled_index
 
     def decode_inputs(self, size: int) -> None:
-        """The inputs of a decode step of `size` rows, from the static rows and lengths alone (this
+        """The inputs of a decode step of `size` rows, from the staged rows and lengths alone (this
         runs inside the graph): each row's token from the token table, its position, its K/V slot."""
         buf = self.buffers
+        rows, seq_lens = self.decode_views(size)
         step_metadata.decode_inputs(
             self.token_table,
             self.page_table.table,
-            buf.rows[:size],
-            buf.seq_lens[:size],
+            rows,
+            seq_lens,
             self.page_size,
             buf.input_ids[:size],
             buf.positions[:size],

@@ -237,3 +237,33 @@ def test_linear_into_out_on_the_cpu():
         got = gemv.linear(x, w, bias, out=buffer[:3])
         assert got.data_ptr() == buffer.data_ptr() and (buffer[3:] == 7).all()
         torch.testing.assert_close(got, torch.nn.functional.linear(x, w, bias))
+
+
+def test_staging_a_decode_step_is_one_copy(tiny_qwen3_dir):
+    """A decode graph reads its rows and lengths where the step's one host-to-device transfer put
+    them (ModelRunner.decode_views), so staging a step copies nothing on the device after it: one
+    `copy_`, the transfer (three more before: rows, lengths and the sampled rows' indices)."""
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", page_size=4, num_pages=64)
+    with_graphs(llm, max_batch=4)
+    runner = llm.core.executor.runner
+    copies: list[int] = []
+    stage = runner.stage_decode
+
+    class Counting(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            copies[-1] += func is torch.Tensor.copy_
+            return func(*args, **(kwargs or {}))
+
+    def counted(step, size):
+        copies.append(0)
+        with Counting():
+            return stage(step, size)
+
+    runner.stage_decode = counted
+    for p in sample_prompts(tiny_qwen3_dir, n=3, seed=5):
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    llm.step()  # the prefill
+    llm.step()  # a decode step, replayed: 3 rows padded to 4
+    rows, seq_lens = runner.decode_views(4)
+    assert copies == [1]
+    assert rows[3].item() == runner.page_table.padding_row and seq_lens[3].item() == 1
