@@ -77,6 +77,7 @@ PERFORMANCE_KERNELS = (
 )  # final/ against Mini-SGLang, by kernel category
 PERFORMANCE_ONLINE = GENERATED_DIR / "performance_online.md"  # scripts/results_online.py
 ONLINE_PLOT = PLOTS_DIR / "performance_online.png"
+KERNEL_CHANGES_PLOT = PLOTS_DIR / "kernel_changes.png"  # scripts/results_kernels.py's bar per change
 LADDER_PLOT = PLOTS_DIR / "ladder.png"
 # The attention page's own table and plot (docs/serving/attention.md; scripts/results_attention.py).
 ATTENTION = GENERATED_DIR / "attention_backends.md"
@@ -253,7 +254,9 @@ def render_markdown(root: Path = ROOT) -> dict[Path, str]:
     pages[LADDER] = results_ladder.render(ladder, f"assets/plots/{LADDER_PLOT.name}")
     pages[PERFORMANCE_LADDER] = results_ladder.render(ladder, f"../assets/plots/{LADDER_PLOT.name}")
     pages[PERFORMANCE_VERSUS] = results_versus.render(results)
-    pages[PERFORMANCE_KERNELS] = results_kernels.render(Path(root) / RESULTS_DIR)
+    pages[PERFORMANCE_KERNELS] = results_kernels.render(
+        Path(root) / RESULTS_DIR, f"../assets/plots/{KERNEL_CHANGES_PLOT.name}"
+    )
     pages[PERFORMANCE_ONLINE] = results_online.render(results, f"../assets/plots/{ONLINE_PLOT.name}")
     if (Path(root) / "final").is_dir():
         pages[ATTENTION] = results_attention.render(results, f"../assets/plots/{ATTENTION_PLOT.name}")
@@ -283,6 +286,9 @@ def write_all(root: Path = ROOT) -> list[str]:
     if ATTENTION in pages and results_attention.plot(load_results(root / RESULTS_DIR), root / ATTENTION_PLOT):
         plots[ATTENTION_PLOT] = []
         report.append(f"plotted  {ATTENTION_PLOT}")
+    if results_kernels.plot(root / RESULTS_DIR, root / KERNEL_CHANGES_PLOT):
+        plots[KERNEL_CHANGES_PLOT] = []
+        report.append(f"plotted  {KERNEL_CHANGES_PLOT}")
     if results_online.plot(load_results(root / RESULTS_DIR), root / ONLINE_PLOT):
         plots[ONLINE_PLOT] = []
         report.append(f"plotted  {ONLINE_PLOT}")

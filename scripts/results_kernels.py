@@ -139,7 +139,80 @@ def render_gpu(gpu: str, data: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(results_dir: Path) -> str:
+# What each of issue 31's kernel changes took off a decode step, read as the category it targets:
+# (category, the change). The before is the `--base` final/ of the same call (commit 69964fa).
+CHANGES = (
+    ("+".join(COMBINED), "one fused q/k-norm + RoPE + K/V kernel"),
+    ("gemm", "a GEMV for small batches"),
+    ("copy/index", "step metadata on the device"),
+    ("sampling", "sampling kernels"),
+)
+CHANGE_CASES = ((1, 0.0), (256, 0.6))  # the batch-1 step and the offline workload's full batch
+CHANGE_COLORS = {"final-base": "#c9a26b", "final": "#3f6fb5", "mini-sglang": "#8c8c8c"}
+
+
+def base_files(results_dir: Path) -> dict[str, dict[str, Any]]:
+    """GPU name -> the newest versus result that measured an older final/ beside the current one
+    (`--base`) in its kernel tables."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(results_dir).glob("*/versus_*.json")):
+        data = json.loads(path.read_text())
+        if not any(row.get("final-base") for row in data.get("kernels", [])):
+            continue
+        gpu = str(data.get("hardware", {}).get("gpu") or path.parent.name).replace("NVIDIA ", "")
+        if gpu not in found or data.get("timestamp", "") > found[gpu].get("timestamp", ""):
+            found[gpu] = data
+    return dict(sorted(found.items()))
+
+
+def plot(results_dir: Path, target: Path) -> bool:
+    """A bar per change: per GPU and case, the GPU microseconds a step of the category each change
+    targets, before (the --base final/), after (final/) and Mini-SGLang's, all from one call. False
+    (and no file) where no result measured a base."""
+    files = base_files(results_dir)
+    panels = [(gpu, data, row) for gpu, data in files.items() for b, t in CHANGE_CASES
+              for row in data["kernels"] if (row["batch"], row["temperature"]) == (b, t) and row.get("final-base")]  # fmt: skip
+    if not panels:
+        return False
+    from scripts.results_plots import _pyplot, _save
+
+    plt = _pyplot()
+    columns = len(CHANGE_CASES)
+    rows_n = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows_n, columns, figsize=(10, 2.9 * rows_n), squeeze=False, sharey="row")
+    labels = [change for _, change in CHANGES]
+    for ax, (gpu, data, row) in zip(axes.flat, panels, strict=False):
+        height = 0.8 / len(ENGINES)
+        for i, (key, name) in enumerate(ENGINES):
+            if not row.get(key):
+                continue
+            values = [category_us(row[key], category) for category, _ in CHANGES]
+            ys = [y - 0.4 + height * (i + 0.5) for y in range(len(CHANGES))]
+            name = {"final-base": "before (69964fa)", "final": "final/ of the same call"}.get(key, name)
+            bars = ax.barh(ys, values, height=height, color=CHANGE_COLORS[key], label=name)
+            ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=2, fontsize=7)
+        ax.set_yticks(range(len(CHANGES)), labels)
+        if ax is not axes[0][0] and ax.get_subplotspec().colspan.start > 0:
+            ax.tick_params(labelleft=False)  # the changes are named once per row, at the left
+        ax.set_xlabel("GPU µs a decode step")
+        commit = data.get("versions", {}).get("git_commit", "?")[:7]
+        ax.set_title(
+            f"{gpu.split()[0]}, {case_name(row)}\n{data.get('timestamp', '')[:10]}, final/ at {commit}"
+        )
+        ax.margins(x=0.18)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.invert_yaxis()  # the first change on top (one inversion per shared row)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=len(names), frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    _save(fig, target)
+    plt.close(fig)
+    return True
+
+
+def render(results_dir: Path, changes_plot: str | None = None) -> str:
     files = versus_files(Path(results_dir))
     out = [HEADER, ""]
     if not files:
@@ -157,4 +230,15 @@ def render(results_dir: Path) -> str:
         "predecessor finishes) to the kernel that started first, and its total is the GPU's busy time; "
         "an older table sums the kernels' durations."
     )
+    bases = base_files(Path(results_dir))
+    if changes_plot and bases:
+        calls = "; ".join(f"{gpu}: `{d['name']}`, {d.get('timestamp', '')[:10]}, run `{d.get('run_id', '?')}`" for gpu, d in bases.items())  # fmt: skip
+        out += [
+            "",
+            "What each change bought, a bar per change: the GPU time a step of the kind each change "
+            "targets, in the final/ from before the kernel work (commit 69964fa, `--base`), the final/ "
+            f"of the same call and Mini-SGLang's ({calls}).",
+            "",
+            f"![What each change bought: GPU microseconds a decode step, before, after and Mini-SGLang, per GPU]({changes_plot})",
+        ]
     return "\n".join(out) + "\n"

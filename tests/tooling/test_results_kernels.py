@@ -124,3 +124,19 @@ def test_the_idle_share_is_the_served_step_less_the_busy_time(tmp_path: Path) ->
     path.write_text(json.dumps(data))
     assert abs(results_kernels.idle_share(data) - 0.07) < 1e-9
     assert "(0.100 ms) is 7.0% idle GPU time" in results_kernels.render(tmp_path)
+
+
+def test_a_bar_per_change_only_where_a_call_measured_the_base(tmp_path: Path) -> None:
+    """The plot of what each change bought reads the --base final/ of a versus call: drawn (and
+    linked from the page) where one exists, absent where none does."""
+    link = "../assets/plots/kernel_changes.png"
+    write_versus(tmp_path / "without", with_base=False)
+    assert not results_kernels.plot(tmp_path / "without", tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists() and link not in results_kernels.render(
+        tmp_path / "without", link
+    )
+    write_versus(tmp_path / "with", with_base=True)
+    assert results_kernels.plot(tmp_path / "with", tmp_path / "changes.png")
+    assert (tmp_path / "changes.png").stat().st_size > 0
+    page = results_kernels.render(tmp_path / "with", link)
+    assert f"]({link})" in page and "`versus_minisgl_h200`, 2026-11-25, run `c1`" in page
