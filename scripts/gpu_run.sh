@@ -48,6 +48,9 @@
 #                 and with FINAL_PDL=0, in one call: final_latency_pdl1_<gpu>.json, _pdl0_; then the
 #                 decode step's kernels at batch 1, 64 and 256 with PDL off, as shipped (the fused K/V
 #                 kernel's up to PDL_MAX_TOKENS) and everywhere: logs/pdl_kernels_{off,shipped,all}.json
+#   tc-ab         FlashInfer's decode on tensor cores for Qwen3-0.6B's group of 2 from batch 64 or 128
+#                 on (FINAL_TC_MIN_BATCH), against never (as shipped): the offline workload, 2 runs
+#                 each: final_offline_tc{0,64,128}_<gpu>.json (issue 31: 2-7% at batch 256, 1k-4k)
 #   pdl-bound     the fused K/V kernel's PDL bound by step time, not busy time (which leaves out the
 #                 gaps between kernels that PDL closes): final/'s decode step at batch 8, 64 and 256,
 #                 3 runs each, as shipped and with the kernel off PDL (FINAL_PDL_MAX_TOKENS=0):
@@ -410,6 +413,11 @@ run_step() {
           --batch 1 64 256 --temperature 0.0 --json "$out/logs/pdl_kernels_${variant##*:}.json"
       done
       $py -m scripts.results_pdl "$out/logs" ;;  # per batch: busy and fused-kernel time, the bound
+    tc-ab)
+      for bound in 0 128 64; do
+        FINAL_TC_MIN_BATCH=$bound bench --engine final --workload offline --repeats 2 --engine-arg page_size=16 \
+          --name final_offline_tc${bound}_$gpu
+      done ;;
     pdl-bound)
       for b in 8 64 256; do
         for variant in shipped off; do

@@ -18,6 +18,8 @@ than the CUDA-core one at every shape of issue 32 (H200, Qwen3-0.6B heads, page 
 
 from __future__ import annotations
 
+import functools
+import os
 from itertools import accumulate
 
 import torch
@@ -32,6 +34,18 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 # heads share a KV head (Qwen3-0.6B: 2); None: never. Set from scripts/bench_kernels.py's
 # `decode_attn_tc` rows: the issue measured 2-7% at batch 256 on an H200 (contexts 1k-4k).
 TENSOR_CORE_MIN_BATCH: int | None = None
+TENSOR_CORE_ENV = "FINAL_TC_MIN_BATCH"  # overrides it for an A/B (gpu_run.sh tc-ab); 0: never
+
+
+@functools.cache
+def tensor_core_min_batch() -> int | None:
+    """TENSOR_CORE_MIN_BATCH, or what FINAL_TC_MIN_BATCH says (read once: it is asked per wrapper)."""
+    value = os.environ.get(TENSOR_CORE_ENV, "").strip()
+    if not value:
+        return TENSOR_CORE_MIN_BATCH
+    if not value.isdigit():
+        raise UserError(f"{TENSOR_CORE_ENV}={value!r}: give a batch size (0: never)")
+    return int(value) or None
 
 
 def pinned_int32(values: list[int], pin: bool = True) -> torch.Tensor:
@@ -146,7 +160,8 @@ class FlashInferBackend(AttentionBackend):
         group = self.group
         if self.pool.is_fp8 or group >= 4 or group & (group - 1) != 0:
             return True
-        return TENSOR_CORE_MIN_BATCH is not None and batch_size >= TENSOR_CORE_MIN_BATCH
+        bound = tensor_core_min_batch()
+        return bound is not None and batch_size >= bound
 
     def _decode_wrapper(self, batch_size: int):
         tensor_cores = self.use_tensor_cores(batch_size)

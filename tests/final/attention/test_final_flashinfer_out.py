@@ -49,3 +49,35 @@ def test_the_buffer_takes_v_head_dim_not_q_head_dim():
     q = torch.randn(3, 4, 8)
     b.forward(0, q, None, None, SimpleNamespace(is_prefill=True))
     assert b.prefill_wrapper.calls[0][2].shape == (3, 4, 6)
+
+
+def test_the_tensor_core_bound_and_its_ab_switch(monkeypatch):
+    """Decode on tensor cores for a group of 2 (Qwen3-0.6B) from TENSOR_CORE_MIN_BATCH rows on
+    (None: never, as shipped); FINAL_TC_MIN_BATCH overrides it for gpu_run.sh tc-ab (0: never),
+    and a non-number is the user's error. Groups of 4 and more always take tensor cores."""
+    import pytest
+
+    from final.attention import flashinfer_backend as fb
+    from final.core.errors import UserError
+
+    b = object.__new__(FlashInferBackend)
+    b.pool = SimpleNamespace(is_fp8=False)
+
+    def picks(group: int, env: str | None) -> list[bool]:
+        b.group = group
+        fb.tensor_core_min_batch.cache_clear()
+        if env is None:
+            monkeypatch.delenv(fb.TENSOR_CORE_ENV, raising=False)
+        else:
+            monkeypatch.setenv(fb.TENSOR_CORE_ENV, env)
+        return [b.use_tensor_cores(size) for size in (1, 64, 128, 256)]
+
+    try:
+        assert picks(2, None) == [fb.TENSOR_CORE_MIN_BATCH is not None and s >= fb.TENSOR_CORE_MIN_BATCH for s in (1, 64, 128, 256)]  # fmt: skip
+        assert picks(2, "128") == [False, False, True, True]
+        assert picks(2, "0") == [False] * 4
+        assert picks(4, "0") == [True] * 4
+        with pytest.raises(UserError, match="FINAL_TC_MIN_BATCH"):
+            picks(2, "many")
+    finally:
+        fb.tensor_core_min_batch.cache_clear()
