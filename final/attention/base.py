@@ -54,9 +54,12 @@ class AttentionBackend(ABC):
         k: torch.Tensor | None,
         v: torch.Tensor | None,
         batch: ForwardBatch,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [T, heads, head_dim], k and v [T, kv_heads, head_dim] of this step's tokens (None:
-        already in the pool) -> [T, heads * head_dim]."""
+        already in the pool) -> [T, heads * head_dim]. `out` [T, heads, head_dim_v], contiguous: a
+        buffer the result may be written into (the piecewise prefill's static one); a backend whose
+        kernel cannot write there returns its own tensor, and the caller copies."""
 
     def layer_kv(self, layer: int) -> LayerKV:
         """Where layer `layer`'s K and V live: for a model that writes them itself."""
@@ -105,5 +108,5 @@ class HybridBackend(AttentionBackend):
     def prepare_for_replay(self, batch: ForwardBatch) -> None:
         self.decode.prepare_for_replay(batch)
 
-    def forward(self, layer, q, k, v, batch):
-        return self._pick(batch).forward(layer, q, k, v, batch)
+    def forward(self, layer, q, k, v, batch, out=None):
+        return self._pick(batch).forward(layer, q, k, v, batch, out)

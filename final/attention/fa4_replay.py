@@ -170,9 +170,11 @@ class FA4Replay:
         ours: Sequence[torch.Tensor],
         scale: float,
         official: Callable[[], torch.Tensor],
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`ours`: q, k_cache, v_cache, then the metadata tensors, as the interface is given them;
-        `official()` makes the call through the interface and returns its output."""
+        `official()` makes the call through the interface and returns its output. A replay writes
+        into `out` where given (contiguous, the output's shape); the official call, its own."""
         if not self.enabled or ours[0].shape[0] == 0:  # no queries: the interface launches nothing
             return official()
         q, k, v, page_table = ours[0], ours[1], ours[2], ours[-1]
@@ -181,7 +183,8 @@ class FA4Replay:
                 layout(q), layout(k), layout(v), page_table.shape[0] > self.threshold)  # fmt: skip
         replay = self.kinds.get(kind)
         if replay is not None:
-            out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+            if out is None or not out.is_contiguous():
+                out = q.new_empty((*q.shape[:-1], v.shape[-1]))
             replay(ours, out)
             return out
         if kind in self.kinds or not self.on_hopper(q):

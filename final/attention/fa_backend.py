@@ -32,9 +32,10 @@ from .spec import Library
 
 class Kernels(Protocol):
     """q [T, heads, head_dim] and one layer's pages [pages, page_size, kv_heads, head_dim] ->
-    [T, heads, head_dim]."""
+    [T, heads, head_dim]. A prefill's `out`: where to write it, if the kernel call can (FlashAttention
+    4's replay can; the others return their own)."""
 
-    def prefill(self, q, k_cache, v_cache, m: PagedMetadata, scale: float) -> torch.Tensor: ...
+    def prefill(self, q, k_cache, v_cache, m: PagedMetadata, scale: float, out=None) -> torch.Tensor: ...
     def decode(self, q, k_cache, v_cache, m: PagedMetadata, scale: float) -> torch.Tensor: ...
 
 
@@ -68,15 +69,15 @@ class FlashAttention4:
         self.attention = module.flash_attn_varlen_func  # returns (out, lse); lse is None here
         self.replay = FA4Replay(module, replay)  # replay None: as FINAL_FA4_REPLAY says
 
-    def prefill(self, q, k_cache, v_cache, m, scale):
-        return self._call("prefill", q, k_cache, v_cache, m, scale, cu_seqlens_q=m.cu_seqlens_q)
+    def prefill(self, q, k_cache, v_cache, m, scale, out=None):
+        return self._call("prefill", q, k_cache, v_cache, m, scale, cu_seqlens_q=m.cu_seqlens_q, out=out)
 
     def decode(self, q, k_cache, v_cache, m, scale):
         # One query per request: the batched layout [B, 1, heads, head_dim], no cumulative lengths.
         # num_splits stays 1: FlashAttention 4 has no split-KV kernels on Hopper.
         return self._call("decode", q.unsqueeze(1), k_cache, v_cache, m, scale).squeeze(1)
 
-    def _call(self, phase, q, k_cache, v_cache, m, scale, cu_seqlens_q=None):
+    def _call(self, phase, q, k_cache, v_cache, m, scale, cu_seqlens_q=None, out=None):
         # Tensors, and arguments that are the same at every step of a phase: nothing here changes
         # the key (the prefill's cumulative lengths are there at every prefill, never at a decode).
         def official():
@@ -93,7 +94,7 @@ class FlashAttention4:
 
         lengths = () if cu_seqlens_q is None else (cu_seqlens_q,)
         ours = (q, k_cache, v_cache, *lengths, m.seq_lens, m.block_table)
-        return self.replay(phase, ours, scale, official)
+        return self.replay(phase, ours, scale, official, out)
 
 
 # --8<-- [end:fa4]
@@ -103,7 +104,7 @@ class FlashAttention3:
     def __init__(self, module):
         self.attention = module.flash_attn_with_kvcache
 
-    def prefill(self, q, k_cache, v_cache, m, scale):
+    def prefill(self, q, k_cache, v_cache, m, scale, out=None):  # out: see Kernels
         return self.attention(
             q,
             k_cache,
@@ -133,7 +134,7 @@ class FlashAttention2:
     def __init__(self, module):
         self.varlen, self.with_kvcache = module.flash_attn_varlen_func, module.flash_attn_with_kvcache
 
-    def prefill(self, q, k_cache, v_cache, m, scale):
+    def prefill(self, q, k_cache, v_cache, m, scale, out=None):  # out: see Kernels
         return self.varlen(
             q,
             k_cache,
@@ -183,9 +184,11 @@ class FlashAttentionBackend(PagedBackend):
         self.library = library
         self.kernels: Kernels = kernels(module)
 
-    def forward(self, layer, q, k, v, batch):
+    def forward(self, layer, q, k, v, batch, out=None):
         self.write_kv(layer, k, v, batch)
         k_cache, v_cache = self.pool.k[layer], self.pool.v[layer]
-        run = self.kernels.prefill if batch.is_prefill else self.kernels.decode
-        out = run(q, k_cache, v_cache, self.metadata, self.scale)
-        return out.reshape(q.shape[0], -1)
+        if batch.is_prefill:
+            result = self.kernels.prefill(q, k_cache, v_cache, self.metadata, self.scale, out=out)
+        else:
+            result = self.kernels.decode(q, k_cache, v_cache, self.metadata, self.scale)
+        return result.reshape(q.shape[0], -1)

@@ -214,7 +214,7 @@ class FlashInferBackend(AttentionBackend):
         self.current = self.graph_wrappers[batch.size]
         self._plan(self.current, batch, graphed=True)
 
-    def forward(self, layer, q, k, v, batch):
+    def forward(self, layer, q, k, v, batch, out=None):
         self.write_kv(layer, k, v, batch)
         wrapper = self.prefill_wrapper if batch.is_prefill else self.current
         v_cache = self.pool.v[layer]
@@ -222,6 +222,7 @@ class FlashInferBackend(AttentionBackend):
         # torch.zeros, a fill kernel per layer over [tokens, heads, head_dim] that the kernel then
         # overwrites (28 fills, 0.58 ms of GPU time in a 16,384-token prefill step on the H100:
         # benchmarks/logs/h100-2026-11-27-s9/prefill_kernels_final.json).
-        out = q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+        if out is None:
+            out = q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
         out = wrapper.run(q, (self.pool.k[layer], v_cache), out=out, **self.scales[layer])
         return out.reshape(q.shape[0], -1)

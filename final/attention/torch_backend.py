@@ -45,7 +45,7 @@ class TorchBackend(AttentionBackend):
             starts.append(starts[-1] + q_len)
         self.starts = starts
 
-    def forward(self, layer, q, k, v, batch):
+    def forward(self, layer, q, k, v, batch, out=None):  # out: the reference returns its own
         self.write_kv(layer, k, v, batch)
         if self.graph_mode:
             return self._padded_decode(layer, q, batch)

@@ -45,7 +45,7 @@ class TrtllmBackend(PagedBackend):
         self.context_kernel = trtllm_batch_context_with_kv_cache
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=pool.k.device)
 
-    def forward(self, layer, q, k, v, batch):
+    def forward(self, layer, q, k, v, batch, out=None):  # out: its kernels return their own
         self.write_kv(layer, k, v, batch)
         kv_cache = (self.pool.k[layer], self.pool.v[layer])  # [pages, page_size, kv_heads, head_dim]
         scales = self.pool.layer_kv(layer)  # 1.0 each unless the pool is fp8

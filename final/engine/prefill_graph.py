@@ -193,10 +193,12 @@ class PrefillGraphRunner:
             k = self.k[:tokens].view(tokens, attention.num_kv_heads, attention.head_dim)
             v = self.v[:tokens].view(tokens, attention.num_kv_heads, attention.head_dim)
         attn_out = self.attn_out[:tokens]
+        into = attn_out.view(tokens, attention.num_heads, -1)  # where a backend may write directly
         for i, layer in enumerate(self.layers):
             graphs[i].replay()
-            out = runner.backend.forward(layer.self_attn.layer, q, k, v, batch)
-            attn_out.copy_(out.reshape(tokens, -1))
+            out = runner.backend.forward(layer.self_attn.layer, q, k, v, batch, out=into)
+            if out.data_ptr() != attn_out.data_ptr():  # the backend's own tensor (torch, TRT-LLM)
+                attn_out.copy_(out.reshape(tokens, -1))
             if between_layers is not None:
                 between_layers()  # host work while the GPU runs what is queued (delivery.py)
         graphs[-1].replay()

@@ -84,9 +84,9 @@ class CountingBackend(TorchBackend):
         CountingBackend.prepared += 1
         super().prepare(batch)
 
-    def forward(self, layer, q, k, v, batch):
+    def forward(self, layer, q, k, v, batch, out=None):
         CountingBackend.forwards += 1
-        return super().forward(layer, q, k, v, batch)
+        return super().forward(layer, q, k, v, batch, out)
 
 
 COUNTING = BackendSpec("counting", "a test's backend: torch's arithmetic, counted", CountingBackend)

@@ -180,6 +180,22 @@ def test_replay_matches_the_official_call_and_skips_the_interface():
     assert sum(r is not None for r in fa.replay.kinds.values()) == 2
 
 
+def test_a_replay_writes_into_the_buffer_it_is_given():
+    """The piecewise prefill hands its static output buffer (`out`): a replayed call writes there
+    (the first, official call of a kind returns its own output)."""
+    fa = FlashAttention4(fake_module(Fake()), replay=True)
+    k, v = pages()
+    outs = []
+    for seed in range(3):
+        q, m = step([5, 1, 17], seed)
+        given = torch.full((q.shape[0], HEADS, DIM), 7.0)
+        got = fa.prefill(q, k, v, m, SCALE, out=given)
+        want = FlashAttention4(fake_module(Fake()), replay=False).prefill(q, k, v, m, SCALE)
+        assert torch.equal(got, want)
+        outs.append(got.data_ptr() == given.data_ptr())
+    assert outs == [False, True, True]
+
+
 def test_a_batch_above_the_threshold_is_its_own_kind_and_its_computed_aid_keeps_it_official():
     fake = Fake()
     fa = FlashAttention4(fake_module(fake), replay=True)

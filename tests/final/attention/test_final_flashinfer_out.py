@@ -81,3 +81,14 @@ def test_the_tensor_core_bound_and_its_ab_switch(monkeypatch):
             picks(2, "many")
     finally:
         fb.tensor_core_min_batch.cache_clear()
+
+
+def test_a_given_buffer_is_the_one_run_writes():
+    """The piecewise prefill's static output buffer (`out`): FlashInfer's `run` writes there and the
+    backend returns it, no buffer of its own."""
+    b = backend()
+    q = torch.randn(5, 4, 8)
+    given = torch.zeros(5, 4, 8)
+    got = b.forward(0, q, None, None, SimpleNamespace(is_prefill=True), out=given)
+    assert b.prefill_wrapper.calls[0][2] is given
+    assert got.data_ptr() == given.data_ptr() and bool((given == 7).all())

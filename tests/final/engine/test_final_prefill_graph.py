@@ -251,3 +251,62 @@ def test_the_kv_cache_is_sized_without_both_graphs_memory(
     monkeypatch.setattr(executor.runner, "page_bytes", lambda: 0)  # no scratch pool to subtract
     assert executor._measure_graphs(8, 4096) == expected
     assert asked == [(4096, True)]  # the largest bucket alone: the others reuse its pool
+
+
+def generate_through_pieces(model_dir, prompts, params, honours_out: bool, monkeypatch):
+    """Generate with prefill graphs, the torch backend standing in for one that writes into the
+    buffer it is given (`honours_out`) or returns its own. Returns the outputs, per attention call
+    given a buffer whether its result is in it, and the copies prefill_graph.py made into it."""
+    import sys
+
+    from final.attention.torch_backend import TorchBackend
+
+    original, given, copies = TorchBackend.forward, [], [0]
+
+    def forward(self, layer, q, k, v, batch, out=None):
+        result = original(self, layer, q, k, v, batch)
+        if out is not None:
+            if honours_out:  # a kernel that writes into the buffer it is given
+                result = out.copy_(result.view_as(out)).view(result.shape)
+            given.append(result.data_ptr() == out.data_ptr())
+        return result
+
+    monkeypatch.setattr(TorchBackend, "forward", forward)
+    llm = final.LLM(str(model_dir), device="cpu", dtype="float32", page_size=4, num_pages=64)
+    graphs = with_prefill_graphs(llm, max_tokens=64)
+
+    class Counting(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.copy_ and sys._getframe(1).f_code.co_filename == prefill_graph.__file__:
+                copies[0] += args[0].data_ptr() == graphs.attn_out.data_ptr()
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        outputs = llm.generate(prompts, params)
+    return outputs, given, copies[0]
+
+
+def test_a_backend_that_writes_into_the_static_buffer_saves_the_copy(
+    tiny_qwen3_dir, small_buckets, monkeypatch
+):
+    """The pieces hand attention their static output buffer (`out`): FlashInfer and FlashAttention
+    4's replay write there and the pieces copy nothing; a backend that returns its own tensor
+    (torch here, TRT-LLM) is copied in, once a layer. Both give the eager step's logits."""
+    prompts = [p[:20] for p in sample_prompts(tiny_qwen3_dir, n=3, seed=9)]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=5)
+    eager = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", page_size=4, num_pages=64)
+    want = eager.generate(prompts, params)
+    for honours_out in (False, True):
+        got, given, copies = generate_through_pieces(
+            tiny_qwen3_dir, prompts, params, honours_out, monkeypatch
+        )
+        assert given and all(given) == honours_out and any(given) == honours_out
+        assert copies == (0 if honours_out else len(given)), copies
+        for w, g in zip(want, got, strict=True):
+            assert g.token_ids == w.token_ids
+            torch.testing.assert_close(
+                torch.tensor(g.logprobs[0]["top_logprobs"]),
+                torch.tensor(w.logprobs[0]["top_logprobs"]),
+                atol=1e-4,
+                rtol=0,
+            )
