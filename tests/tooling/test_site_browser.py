@@ -57,6 +57,11 @@ def site_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         site = (ROOT / given).resolve()
         assert (site / "index.html").is_file(), f"SITE_DIR={given} holds no built site"
         return site
+    # A build made here ships the vendored MathJax and Mermaid only once `make docs-assets` has
+    # fetched them (`make test`, and so CI, always does, and passes SITE_DIR): without them the
+    # formula and diagram checks could only time out.
+    if not (ROOT / "docs" / "javascripts" / "vendor").is_dir():
+        pytest.skip("the site's MathJax and Mermaid are not fetched: run `make docs-assets` first")
     site = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     cmd = [sys.executable, "-m", "mkdocs", "build", "--no-strict", "-q", "-d", str(site)]
