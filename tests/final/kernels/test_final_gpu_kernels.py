@@ -318,7 +318,7 @@ def test_linear_writes_into_out_whichever_kernel_runs(m):
     buffer = torch.full((m + 3, n), 7.0, device="cuda", dtype=torch.bfloat16)
     got = gemv.linear(x, w, out=buffer[:m])
     assert got.data_ptr() == buffer.data_ptr() and (buffer[m:] == 7).all()
-    assert torch.equal(got, gemv.linear(x, w))
+    assert rel_error(got, torch.nn.functional.linear(x.float(), w.float())) < 1e-2
 
 
 def test_gemv_uses_pdl_on_hopper_and_matches_f_linear_either_way():
