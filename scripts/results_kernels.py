@@ -192,7 +192,7 @@ def plot(results_dir: Path, target: Path) -> bool:
             bars = ax.barh(ys, values, height=height, color=CHANGE_COLORS[key], label=name)
             ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=2, fontsize=7)
         ax.set_yticks(range(len(CHANGES)), labels)
-        if ax is not axes[0][0] and ax.get_subplotspec().colspan.start > 0:
+        if ax.get_subplotspec().colspan.start > 0:
             ax.tick_params(labelleft=False)  # the changes are named once per row, at the left
         ax.set_xlabel("GPU µs a decode step")
         commit = data.get("versions", {}).get("git_commit", "?")[:7]

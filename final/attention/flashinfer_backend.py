@@ -19,12 +19,12 @@ than the CUDA-core one at every shape of issue 32 (H200, Qwen3-0.6B heads, page 
 from __future__ import annotations
 
 import functools
-import os
 from itertools import accumulate
 
 import torch
 
 from ..core.errors import UserError
+from ..core.flags import env_count
 from ..core.forward_batch import ForwardBatch
 from ..kernels import step_metadata
 from .base import AttentionBackend
@@ -40,12 +40,8 @@ TENSOR_CORE_ENV = "FINAL_TC_MIN_BATCH"  # overrides it for an A/B (gpu_run.sh tc
 @functools.cache
 def tensor_core_min_batch() -> int | None:
     """TENSOR_CORE_MIN_BATCH, or what FINAL_TC_MIN_BATCH says (read once: it is asked per wrapper)."""
-    value = os.environ.get(TENSOR_CORE_ENV, "").strip()
-    if not value:
-        return TENSOR_CORE_MIN_BATCH
-    if not value.isdigit():
-        raise UserError(f"{TENSOR_CORE_ENV}={value!r}: give a batch size (0: never)")
-    return int(value) or None
+    asked = env_count(TENSOR_CORE_ENV, "a batch size (0: never)")
+    return TENSOR_CORE_MIN_BATCH if asked is None else asked or None
 
 
 def pinned_int32(values: list[int], pin: bool = True) -> torch.Tensor:

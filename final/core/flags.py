@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -209,3 +210,15 @@ def from_keywords(cls: type, kwargs: Mapping[str, Any]) -> dict[str, Any]:
             raise UserError(f"{given_as[target]} and {name} set the same option: give one of them")
         values[target], given_as[target] = value, name
     return values
+
+
+def env_count(name: str, expected: str) -> int | None:
+    """A count from environment variable `name`, an A/B switch that overrides a flag or default
+    (FINAL_PREFILL_GRAPHS, FINAL_TC_MIN_BATCH): None where unset or empty; anything but digits is
+    the user's error, saying what was `expected`."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise UserError(f"{name}={value!r}: expected {expected}")
+    return int(value)

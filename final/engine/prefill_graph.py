@@ -35,13 +35,12 @@ is not captured yet).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
 import torch
 
-from ..core.errors import UserError
+from ..core.flags import env_count
 from ..core.forward_batch import StepInput
 from .graph import CudaGraph, Graph
 
@@ -54,12 +53,7 @@ SMALLEST_BUCKET = 256  # a prefill of fewer tokens pads to this: its GPU time is
 def override_max_tokens() -> int | None:
     """The largest bucket `FINAL_PREFILL_GRAPHS` asks for (0: off), overriding
     --piecewise-cuda-graph-max-tokens; None where it is not set (the benchmarks' A/B switch)."""
-    value = os.environ.get(ENV, "").strip()
-    if not value:
-        return None
-    if not value.isdigit():
-        raise UserError(f"{ENV}={value!r}: expected a number of tokens (0: off)")
-    return int(value)
+    return env_count(ENV, "a number of tokens (0: off)")
 
 
 def buckets(max_tokens: int, limit: int) -> list[int]:
