@@ -419,13 +419,11 @@ run_step() {
           --name final_offline_tc${bound}_$gpu
       done ;;
     pdl-bound)
+      local b step
       for b in 8 64 256; do
-        for variant in shipped off; do
-          env $( [ $variant = off ] && echo FINAL_PDL_MAX_TOKENS=0 ) $py -m stages.common.bench --device cuda \
-            --dtype bfloat16 --model $ckpt --out $results --no-progress --engine final --workload decode-step \
-            --workload-arg batch=$b --repeats 3 --engine-arg attn=fi --engine-arg page_size=16 \
-            --name final_decode_b${b}_pdl_${variant}_$gpu
-        done
+        step=(--engine final --workload decode-step --workload-arg batch=$b --repeats 3 --engine-arg attn=fi --engine-arg page_size=16)
+        bench "${step[@]}" --name final_decode_b${b}_pdl_shipped_$gpu
+        FINAL_PDL_MAX_TOKENS=0 bench "${step[@]}" --name final_decode_b${b}_pdl_off_$gpu
       done ;;
     prefill-kernels)  # both engines' kernels of one 16,384-token prefill (issue 31), into logs/
       $py -m scripts.kernel_table --engine final --model $ckpt --batch --prefill-prompts 32 --json "$out/logs/prefill_kernels_final.json"
