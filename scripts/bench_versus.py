@@ -94,7 +94,7 @@ def peer_run(engine: str, workload: str, args: argparse.Namespace, tmp: Path) ->
     return json.loads((tmp / f"{name}.json").read_text()) | {"machine": before}
 
 
-def resolved_attention(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, str]:
+def final_attn_resolved(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, str]:
     """{"final_attn_resolved": "fa,fi"}: the backend final/'s runs were built with (bench_peer.py
     records it), or nothing where no run says."""
     seen = {r["config"].get("attn_resolved") for w in runs.get("final", {}).values() for r in w}
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
             "attn": args.attn,  # Mini-SGLang's
             "final_attn": args.final_attn,
             # What it resolved to in final/'s runs (auto's choice moves with the GPU and packages).
-            **resolved_attention(runs),
+            **final_attn_resolved(runs),
             "repeats": args.repeats,
             "scale": args.scale,
             "final_page_size": 16,
