@@ -48,13 +48,16 @@
 #                 and with FINAL_PDL=0, in one call: final_latency_pdl1_<gpu>.json, _pdl0_; then the
 #                 decode step's kernels at batch 1, 64 and 256 with PDL off, as shipped (the fused K/V
 #                 kernel's up to PDL_MAX_TOKENS) and everywhere: logs/pdl_kernels_{off,shipped,all}.json
-#   tc-ab         FlashInfer's decode on tensor cores for Qwen3-0.6B's group of 2 from batch 64 or 128
-#                 on (FINAL_TC_MIN_BATCH), against never (as shipped): the offline workload, 2 runs
-#                 each: final_offline_tc{0,64,128}_<gpu>.json (issue 31: 2-7% at batch 256, 1k-4k)
+#   tc-ab         FlashInfer's decode on tensor cores for Qwen3-0.6B's group of 2, per arm of TC_ARMS
+#                 (batch:context, default "0:0 64:0 64:1024"): from that batch on (FINAL_TC_MIN_BATCH, 0:
+#                 never) where the step's mean context is at least that (FINAL_TC_MIN_CONTEXT, 0: any):
+#                 the offline workload, 2 runs each: final_offline_tc<batch>[_ctx<context>]_<gpu>.json
+#                 (session 16 ran batch bounds at any context; shipped since: 64 and 1,024)
 #   pdl-bound     the fused K/V kernel's PDL bound by step time, not busy time (which leaves out the
-#                 gaps between kernels that PDL closes): final/'s decode step at batch 8, 64 and 256,
-#                 3 runs each, as shipped and with the kernel off PDL (FINAL_PDL_MAX_TOKENS=0):
-#                 final_decode_b<N>_pdl_{shipped,off}_<gpu>.json
+#                 gaps between kernels that PDL closes): final/'s decode step at each batch of
+#                 PDL_BATCHES (default 1 2 4), 3 runs each, the kernel on PDL (FINAL_PDL_MAX_TOKENS=256)
+#                 and off it (=0): final_decode_b<N>_pdl_{on,off}_<gpu>.json (session 16's runs at
+#                 batch 8 and 64 named the arm "shipped": the bound was 64 then, so on)
 #   prefill-host  per backend (ATTN_SPECS, default "fi fa"), the host's launch time of a batch-1 prefill
 #                 at 512, 2048, 8192 tokens against the whole prefill (scripts/bench_prefill_host.py), into
 #                 logs/prefill_host.json: a slower first token from the kernels or from the host (issue 26);
@@ -413,16 +416,18 @@ run_step() {
           --batch 1 64 256 --temperature 0.0 --json "$out/logs/pdl_kernels_${variant##*:}.json"
       done
       $py -m scripts.results_pdl "$out/logs" ;;  # per batch: busy and fused-kernel time, the bound
-    tc-ab)
-      for bound in 0 128 64; do
-        FINAL_TC_MIN_BATCH=$bound bench --engine final --workload offline --repeats 2 --engine-arg page_size=16 \
-          --name final_offline_tc${bound}_$gpu
+    tc-ab)  # TC_ARMS: batch:context pairs (FINAL_TC_MIN_BATCH, FINAL_TC_MIN_CONTEXT; a context of 0: any)
+      local arm batch context
+      for arm in ${TC_ARMS:-0:0 64:0 64:1024}; do
+        batch=${arm%%:*} context=${arm##*:}
+        FINAL_TC_MIN_BATCH=$batch FINAL_TC_MIN_CONTEXT=$context bench --engine final --workload offline --repeats 2 \
+          --engine-arg page_size=16 --name final_offline_tc${batch}$( [ "$context" = 0 ] || echo _ctx$context )_$gpu
       done ;;
-    pdl-bound)
+    pdl-bound)  # PDL_BATCHES: the batches to time (a pair of arms each, about 100 s a batch)
       local b step
-      for b in 8 64 256; do
+      for b in ${PDL_BATCHES:-1 2 4}; do
         step=(--engine final --workload decode-step --workload-arg batch=$b --repeats 3 --engine-arg attn=fi --engine-arg page_size=16)
-        bench "${step[@]}" --name final_decode_b${b}_pdl_shipped_$gpu
+        FINAL_PDL_MAX_TOKENS=256 bench "${step[@]}" --name final_decode_b${b}_pdl_on_$gpu
         FINAL_PDL_MAX_TOKENS=0 bench "${step[@]}" --name final_decode_b${b}_pdl_off_$gpu
       done ;;
     prefill-kernels)  # both engines' kernels of one 16,384-token prefill (issue 31), into logs/

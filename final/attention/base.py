@@ -10,7 +10,10 @@ CUDA-graph decode (engine/graph.py) captures `forward` once per batch size and r
 metadata a captured kernel reads must then live in buffers whose addresses never change, and
 every shape must be fixed. `prepare_for_capture(batch)` sets those up for a padded batch of a
 captured size, and `prepare_for_replay(batch)` refills them before each replay. A backend that
-cannot say `graph_unsupported_reason(max_batch) is None` runs its decode steps eagerly.
+cannot say `graph_unsupported_reason(max_batch) is None` runs its decode steps eagerly. A backend
+whose decode kernel depends on more than the batch size (FlashInfer's: on tensor cores for long
+contexts) names its kernels per size in `graph_variants(size)`, one graph each, and says which one a
+step replays (`graph_variant(batch)`); the two prepare calls then take that variant.
 """
 
 from __future__ import annotations
@@ -76,12 +79,21 @@ class AttentionBackend(ABC):
         """Why decode steps of up to `max_batch` rows cannot be captured (None: they can)."""
         return f"the {self.name} backend has no capturable decode step"
 
-    def prepare_for_capture(self, batch: ForwardBatch) -> None:
-        """Before capturing a decode step of `batch.size` rows (a captured size, padding included)."""
+    def graph_variants(self, size: int) -> tuple[object, ...]:
+        """The decode kernels a step of `size` rows may run, one graph each: one for most backends."""
+        return (None,)
+
+    def graph_variant(self, batch: ForwardBatch) -> object:
+        """Which of graph_variants(batch.size) this (padded) decode step replays."""
+        return None
+
+    def prepare_for_capture(self, batch: ForwardBatch, variant: object = None) -> None:
+        """Before capturing a decode step of `batch.size` rows (a captured size, padding included),
+        with the kernel of `variant` (None: the one `graph_variant(batch)` picks)."""
         raise NotImplementedError(self.graph_unsupported_reason(batch.size))
 
-    def prepare_for_replay(self, batch: ForwardBatch) -> None:
-        """Before replaying the decode graph of `batch.size` rows."""
+    def prepare_for_replay(self, batch: ForwardBatch, variant: object = None) -> None:
+        """Before replaying the decode graph of `batch.size` rows and `variant` (as above)."""
         raise NotImplementedError(self.graph_unsupported_reason(batch.size))
 
 
@@ -102,11 +114,17 @@ class HybridBackend(AttentionBackend):
     def graph_unsupported_reason(self, max_batch: int) -> str | None:
         return self.decode.graph_unsupported_reason(max_batch)  # only decode steps are captured
 
-    def prepare_for_capture(self, batch: ForwardBatch) -> None:
-        self.decode.prepare_for_capture(batch)
+    def graph_variants(self, size: int) -> tuple[object, ...]:
+        return self.decode.graph_variants(size)
 
-    def prepare_for_replay(self, batch: ForwardBatch) -> None:
-        self.decode.prepare_for_replay(batch)
+    def graph_variant(self, batch: ForwardBatch) -> object:
+        return self.decode.graph_variant(batch)
+
+    def prepare_for_capture(self, batch: ForwardBatch, variant: object = None) -> None:
+        self.decode.prepare_for_capture(batch, variant)
+
+    def prepare_for_replay(self, batch: ForwardBatch, variant: object = None) -> None:
+        self.decode.prepare_for_replay(batch, variant)
 
     def forward(self, layer, q, k, v, batch, out=None):
         return self._pick(batch).forward(layer, q, k, v, batch, out)

@@ -19,6 +19,7 @@ than the CUDA-core one at every shape of issue 32 (H200, Qwen3-0.6B heads, page 
 from __future__ import annotations
 
 import functools
+import math
 from itertools import accumulate
 
 import torch
@@ -30,18 +31,39 @@ from ..kernels import step_metadata
 from .base import AttentionBackend
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
-# Decode batches of at least this many rows take FlashInfer's tensor-core decode even when few query
-# heads share a KV head (Qwen3-0.6B: 2); None: never. Set from scripts/bench_kernels.py's
-# `decode_attn_tc` rows: the issue measured 2-7% at batch 256 on an H200 (contexts 1k-4k).
-TENSOR_CORE_MIN_BATCH: int | None = None
+# Decode steps of at least this many rows whose mean context is at least TENSOR_CORE_MIN_CONTEXT
+# tokens take FlashInfer's tensor-core decode even when few query heads share a KV head (Qwen3-0.6B:
+# 2); None: never. Chosen by `gpu_run.sh tc-ab` on an H200 (session 16,
+# benchmarks/results/h200/final_offline_tc*_h200.json, every context then): the offline workload,
+# whose decode steps run long contexts, gained about 6% from a bound of 64 or 32 (within 0.2% of
+# each other) against never, 4% from 128, a little less from 16 or 1; each arm's two runs within
+# 0.2%. The context bound comes from scripts/bench_kernels.py's `decode_attn_tc` rows
+# (kernels_h200.json, one layer's kernel): at 512 tokens the CUDA-core kernel was the faster at
+# batch 64 and 256 (by 5% and 3%), at 1,024 tensor cores won at 256 (4%) and were within 1% at 64,
+# at 4,096 they won at both; at batch 1 the CUDA-core kernel was never slower.
+TENSOR_CORE_MIN_BATCH: int | None = 64
+TENSOR_CORE_MIN_CONTEXT = 1024
 TENSOR_CORE_ENV = "FINAL_TC_MIN_BATCH"  # overrides it for an A/B (gpu_run.sh tc-ab); 0: never
+TENSOR_CORE_CONTEXT_ENV = "FINAL_TC_MIN_CONTEXT"  # overrides the context bound; 0: any context
 
 
 @functools.cache
 def tensor_core_min_batch() -> int | None:
-    """TENSOR_CORE_MIN_BATCH, or what FINAL_TC_MIN_BATCH says (read once: it is asked per wrapper)."""
+    """TENSOR_CORE_MIN_BATCH, or what FINAL_TC_MIN_BATCH says (read once: it is asked per step)."""
     asked = env_count(TENSOR_CORE_ENV, "a batch size (0: never)")
     return TENSOR_CORE_MIN_BATCH if asked is None else asked or None
+
+
+@functools.cache
+def tensor_core_min_context() -> int:
+    """TENSOR_CORE_MIN_CONTEXT, or what FINAL_TC_MIN_CONTEXT says (read once, as above)."""
+    asked = env_count(TENSOR_CORE_CONTEXT_ENV, "a number of tokens (0: any context)")
+    return TENSOR_CORE_MIN_CONTEXT if asked is None else asked
+
+
+def mean_context(batch: ForwardBatch) -> float:
+    """A decode step's KV tokens per row: what the two decode kernels' speeds turn on."""
+    return sum(batch.seq_lens) / max(batch.size, 1)
 
 
 def pinned_int32(values: list[int], pin: bool = True) -> torch.Tensor:
@@ -74,13 +96,13 @@ class FlashInferBackend(AttentionBackend):
         self.group = self.num_heads // pool.kv_heads
         # One eager decode wrapper per kernel kind (tensor cores or not), made when first needed.
         self.decode_wrappers: dict[bool, object] = {}
-        self.decode_wrapper = self._decode_wrapper(1)
+        self.decode_wrapper = self._decode_wrapper(self.use_tensor_cores(1, 0))
         self.current = self.decode_wrapper  # the decode wrapper the next forward uses
         # Each layer's run() arguments for an FP8 pool's scales (none for a pool of the model's dtype).
         layers = [pool.layer_kv(n) for n in range(config.num_layers)]
         self.scales = [{"k_scale": c.k_scale, "v_scale": c.v_scale} if pool.is_fp8 else {} for c in layers]
         self.last_plan: torch.cuda.Event | None = None
-        self.graph_wrappers: dict[int, object] = {}
+        self.graph_wrappers: dict[tuple[int, bool], object] = {}  # (size, tensor cores) -> wrapper
         self.graph_buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def _plan(self, wrapper, batch: ForwardBatch, graphed: bool = False) -> None:
@@ -146,21 +168,30 @@ class FlashInferBackend(AttentionBackend):
                 kv_data_type=kv_dtype,
             )
 
-    def use_tensor_cores(self, batch_size: int) -> bool:
+    def use_tensor_cores(self, batch_size: int, context: float) -> bool:
         """FlashInfer's decode on tensor cores (its prefill kernel with one query per request) or
-        on CUDA cores. Tensor cores pay off once several query heads share a KV head (4 or more);
-        groups that are not a power of two (SmolLM2: 3) take them too: the path the GPU tests ran
-        for that layout. An FP8 pool always does (issue 32's H200 table: tensor cores were faster
-        at every shape measured there). Below that, from TENSOR_CORE_MIN_BATCH rows on, as measured
-        by scripts/bench_kernels.py (`decode_attn_tc` rows)."""
+        on CUDA cores, for a step of `batch_size` rows of `context` KV tokens each on average.
+        Tensor cores pay off once several query heads share a KV head (4 or more); groups that are
+        not a power of two (SmolLM2: 3) take them too: the path the GPU tests ran for that layout.
+        An FP8 pool always does (issue 32's H200 table: tensor cores were faster at every shape
+        measured there). Smaller groups from TENSOR_CORE_MIN_BATCH rows and TENSOR_CORE_MIN_CONTEXT
+        tokens on, as measured (above)."""
         group = self.group
         if self.pool.is_fp8 or group >= 4 or group & (group - 1) != 0:
             return True
         bound = tensor_core_min_batch()
-        return bound is not None and batch_size >= bound
+        return bound is not None and batch_size >= bound and context >= tensor_core_min_context()
 
-    def _decode_wrapper(self, batch_size: int):
-        tensor_cores = self.use_tensor_cores(batch_size)
+    def graph_variants(self, size: int) -> tuple[bool, ...]:
+        """Whether each decode graph of `size` rows runs on tensor cores: a graph for each kernel a
+        step of that size may take, which is two where its context decides."""
+        short, long = self.use_tensor_cores(size, 0), self.use_tensor_cores(size, math.inf)
+        return (short,) if short == long else (short, long)
+
+    def graph_variant(self, batch: ForwardBatch) -> bool:
+        return self.use_tensor_cores(batch.size, mean_context(batch))
+
+    def _decode_wrapper(self, tensor_cores: bool):
         if tensor_cores not in self.decode_wrappers:
             self.decode_wrappers[tensor_cores] = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_tensor_cores=tensor_cores
@@ -171,12 +202,12 @@ class FlashInferBackend(AttentionBackend):
         if batch.is_prefill:
             self._plan(self.prefill_wrapper, batch)
         else:
-            self.current = self._decode_wrapper(batch.size)
+            self.current = self._decode_wrapper(self.graph_variant(batch))
             self._plan(self.current, batch)
 
-    def _graph_wrapper(self, size: int):
-        """The graph-mode decode wrapper of one captured batch size (made at its first capture)."""
-        if size not in self.graph_wrappers:
+    def _graph_wrapper(self, size: int, tensor_cores: bool):
+        """The graph-mode decode wrapper of one captured batch size and kernel (made at its capture)."""
+        if (size, tensor_cores) not in self.graph_wrappers:
             if self.graph_buffers is None:
                 # Sized for the largest batch the page table can hold, every page of every row.
                 rows, width = self.page_table.table.shape
@@ -191,23 +222,25 @@ class FlashInferBackend(AttentionBackend):
                 self.workspace,
                 "NHD",
                 use_cuda_graph=True,
-                use_tensor_cores=self.use_tensor_cores(size),
+                use_tensor_cores=tensor_cores,
                 paged_kv_indptr_buffer=indptr[: size + 1],
                 paged_kv_indices_buffer=indices,
                 paged_kv_last_page_len_buffer=last_page_len[:size],
             )
-            self.graph_wrappers[size] = wrapper
-        return self.graph_wrappers[size]
+            self.graph_wrappers[size, tensor_cores] = wrapper
+        return self.graph_wrappers[size, tensor_cores]
 
     def graph_unsupported_reason(self, max_batch: int) -> str | None:
         return None
 
-    def prepare_for_capture(self, batch: ForwardBatch) -> None:
-        self.current = self._graph_wrapper(batch.size)
+    def prepare_for_capture(self, batch: ForwardBatch, variant: object = None) -> None:
+        tensor_cores = self.graph_variant(batch) if variant is None else bool(variant)
+        self.current = self._graph_wrapper(batch.size, tensor_cores)
         self._plan(self.current, batch, graphed=True)
 
-    def prepare_for_replay(self, batch: ForwardBatch) -> None:
-        self.current = self.graph_wrappers[batch.size]
+    def prepare_for_replay(self, batch: ForwardBatch, variant: object = None) -> None:
+        tensor_cores = self.graph_variant(batch) if variant is None else bool(variant)
+        self.current = self.graph_wrappers[batch.size, tensor_cores]
         self._plan(self.current, batch, graphed=True)
 
     def forward(self, layer, q, k, v, batch, out=None):

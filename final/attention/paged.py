@@ -83,13 +83,13 @@ class PagedBackend(AttentionBackend):
     def graph_unsupported_reason(self, max_batch: int) -> str | None:
         return None
 
-    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+    def prepare_for_capture(self, batch: ForwardBatch, variant: object = None) -> None:
         if self.graph_table is None:
             self.graph_table = torch.zeros_like(self.page_table.table)  # every row of every size
         self.prepare_for_replay(batch)
 
     # --8<-- [start:replay]
-    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+    def prepare_for_replay(self, batch: ForwardBatch, variant: object = None) -> None:
         assert self.graph_table is not None, "replay before capture"
         size, width = batch.size, self._pages(batch.seq_lens)
         # Only the columns in use this step: the kernels never read past a row's last page.

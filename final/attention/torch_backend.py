@@ -77,10 +77,10 @@ class TorchBackend(AttentionBackend):
             )
         return None
 
-    def prepare_for_capture(self, batch: ForwardBatch) -> None:
+    def prepare_for_capture(self, batch: ForwardBatch, variant: object = None) -> None:
         self.graph_mode = True  # nothing to plan: the padded path reads only device tensors
 
-    def prepare_for_replay(self, batch: ForwardBatch) -> None:
+    def prepare_for_replay(self, batch: ForwardBatch, variant: object = None) -> None:
         self.graph_mode = True
 
     def _padded_decode(self, layer: int, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

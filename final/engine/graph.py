@@ -11,6 +11,9 @@ replays it with one launch. The rules that make that work:
   of b requests replays the smallest captured size >= b, its padding rows pointing at the page
   table's padding row, whose pages are the pool's padding page: they compute garbage into a page
   no request owns, and only the real rows' logits are read.
+- Fixed kernels. A graph replays the kernels it recorded; where the attention backend picks its
+  decode kernel by more than the size (FlashInfer's tensor cores for long contexts), a size gets a
+  graph per kernel (`graph_variants`) and each step replays the one its backend picks.
 - Nothing on the host inside. No `.item()`, no allocation the graph did not record; the
   attention backend's plan (host work) runs before each replay (`prepare_for_replay`).
 
@@ -106,10 +109,11 @@ class GraphRunner:
         # In the model's dtype, as the model returns them: the sampler reads bf16 logits as they are.
         self.logits = torch.zeros(max_batch, runner.config.vocab_size, dtype=runner.dtype, device=device)
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
-        self.graphs: dict[int, Graph] = {}
+        self.graphs: dict[tuple[int, object], Graph] = {}  # (size, the backend's variant) -> graph
         start = time.perf_counter()
         for size in reversed(self.sizes):
-            self.graphs[size] = self._capture(size, graph_factory(pool))
+            for variant in runner.backend.graph_variants(size):
+                self.graphs[size, variant] = self._capture(size, variant, graph_factory(pool))
         self.capture_s = time.perf_counter() - start
 
     def can_run(self, step: StepInput) -> bool:
@@ -130,11 +134,11 @@ class GraphRunner:
             last_token_index=None,  # every row is a request's last token: the model gathers nothing
         )
 
-    def _capture(self, size: int, graph: Graph) -> Graph:
+    def _capture(self, size: int, variant: object, graph: Graph) -> Graph:
         runner = self.runner
         runner.stage_padding(size)  # every row a padding row: capture touches no live page
         batch = self._batch(size, [1] * size)
-        runner.backend.prepare_for_capture(batch)
+        runner.backend.prepare_for_capture(batch, variant)
 
         def step() -> None:
             runner.decode_inputs(size)
@@ -151,8 +155,10 @@ class GraphRunner:
         assert size is not None and self.can_run(step)
         sampled, sampled_index = self.runner.stage_decode(step, size)
         pad = size - step.size
-        self.runner.backend.prepare_for_replay(self._batch(size, step.seq_lens + [1] * pad))
-        self.graphs[size].replay()
+        batch, backend = self._batch(size, step.seq_lens + [1] * pad), self.runner.backend
+        variant = backend.graph_variant(batch)
+        backend.prepare_for_replay(batch, variant)
+        self.graphs[size, variant].replay()
         if sampled == step.size:  # every request is sampled (a decode step's usual case): no copy
             return self.logits[:sampled]
         return self.logits[:size].index_select(0, sampled_index)

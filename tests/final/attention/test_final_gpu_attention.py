@@ -167,13 +167,46 @@ def test_trtllm_prefill_outside_blackwell_is_refused_not_run(capability):
         build_backend("trtllm", config, pool, table)
 
 
-@pytest.mark.parametrize("name", ["fa", "fi", "trtllm"])
-def test_decode_replayed_in_a_cuda_graph_matches_eager_torch(capability, name):
+@pytest.fixture
+def tensor_cores_from_batch_1(monkeypatch):
+    """FlashInfer's tensor-core decode for a group of 2 at every batch and context: the kernel a
+    Qwen3-0.6B decode step of TENSOR_CORE_MIN_BATCH rows and long contexts runs, at these tests'
+    small batches."""
+    from final.attention import flashinfer_backend as fb
+
+    monkeypatch.setenv(fb.TENSOR_CORE_ENV, "1")
+    monkeypatch.setenv(fb.TENSOR_CORE_CONTEXT_ENV, "0")
+    fb.tensor_core_min_batch.cache_clear()
+    fb.tensor_core_min_context.cache_clear()
+    yield
+    fb.tensor_core_min_batch.cache_clear()  # before monkeypatch puts the variables back
+    fb.tensor_core_min_context.cache_clear()
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_group_of_two_on_tensor_cores_matches_torch(capability, tensor_cores_from_batch_1, page_size):
+    config, pool, table, backend, reference = setup("fi", capability, page_size, 2, 128, PAGES_FOR)
+    decode = make_batch(table, page_size, [4, 1, 2, 3], *DECODE)
+    assert backend.graph_variant(decode) is True
+    assert compare(backend, reference, decode, config, seed=3) < 2e-2
+    assert backend.current is backend.decode_wrappers[True]
+
+
+@pytest.mark.parametrize(
+    ("name", "tensor_cores"),
+    [("fa", False), ("fi", False), ("fi", True), ("trtllm", False)],
+    ids=["fa", "fi", "fi-tensor-cores", "trtllm"],
+)
+def test_decode_replayed_in_a_cuda_graph_matches_eager_torch(capability, request, name, tensor_cores):
     page_size, group, head_dim, size = 16, 2, 128, 4
     lens = [[700, 1, 333, 64], [64, 210], [1, 1, 1]]
+    if tensor_cores:
+        request.getfixturevalue("tensor_cores_from_batch_1")
     config, pool, table, backend, reference = setup(
         name, capability, page_size, group, head_dim, [700, 210, 333, 64]
     )
+    if name == "fi":
+        assert backend.graph_variants(size) == (tensor_cores,)
     pad = table.padding_row
     static = make_batch(table, page_size, [pad] * size, [1] * size, [1] * size)  # GraphRunner's capture batch
     q_static = torch.zeros(size, config.num_heads, head_dim, device="cuda", dtype=torch.bfloat16)

@@ -59,7 +59,7 @@ def with_graphs(llm: final.LLM, max_batch: int) -> GraphRunner:
         return made[-1]
 
     graphs = GraphRunner(runner, max_batch, factory)
-    for size, graph in graphs.graphs.items():
+    for (size, _kernel), graph in graphs.graphs.items():
         graph.size = size
     llm.core.executor.graphs = graphs
     return graphs
@@ -267,3 +267,46 @@ def test_staging_a_decode_step_is_one_copy(tiny_qwen3_dir):
     rows, seq_lens = runner.decode_views(4)
     assert copies == [1]
     assert rows[3].item() == runner.page_table.padding_row and seq_lens[3].item() == 1
+
+
+def test_a_size_with_two_kernels_gets_a_graph_each_and_replays_the_one_picked(tiny_qwen3_dir, monkeypatch):
+    """Where the attention backend picks its decode kernel by more than the batch size (FlashInfer's
+    tensor cores for long contexts), each size gets a graph per kernel (`graph_variants`), captured
+    with that kernel, and a step replays the graph of the kernel the backend picks for that step
+    (`graph_variant`: here by the mean context, which crosses the line as the requests decode)."""
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", page_size=4, num_pages=64)
+    backend = llm.core.executor.runner.backend
+    prompts = sample_prompts(tiny_qwen3_dir, n=2, seed=6)
+    line = sum(len(p) for p in prompts) / 2 + 3  # the mean context of the third decode step on
+
+    def mean(batch) -> float:
+        real = [n for n in batch.seq_lens if n > 1]  # the padding rows' length is 1
+        return sum(real) / len(real)
+
+    captured, replayed = [], []
+    capture, replay = backend.prepare_for_capture, backend.prepare_for_replay
+    monkeypatch.setattr(
+        backend, "graph_variants", lambda size: ("short", "long") if size >= 2 else ("short",)
+    )
+    monkeypatch.setattr(backend, "graph_variant", lambda batch: "long" if mean(batch) >= line else "short")
+    monkeypatch.setattr(
+        backend,
+        "prepare_for_capture",
+        lambda batch, v=None: (captured.append((batch.size, v)), capture(batch, v)),
+    )
+    monkeypatch.setattr(
+        backend, "prepare_for_replay", lambda b, v=None: (replayed.append((b.size, v, mean(b))), replay(b, v))
+    )
+    graphs = with_graphs(llm, max_batch=4)
+    want = {(4, "short"), (4, "long"), (2, "short"), (2, "long"), (1, "short")}
+    assert set(graphs.graphs) == want and sorted(captured) == sorted(want)
+    for key, graph in graphs.graphs.items():
+        graph.size = key
+    for p in prompts:
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    CountingGraph.replays.clear()
+    while llm.has_unfinished():
+        llm.step()
+    assert replayed and all(v == ("long" if m >= line else "short") for _, v, m in replayed)
+    assert CountingGraph.replays[2, "short"] > 0 and CountingGraph.replays[2, "long"] > 0
+    assert sum(CountingGraph.replays.values()) == len(replayed)

@@ -76,14 +76,14 @@ def engine(model_dir, attn: str, graphs: int, **kwargs) -> final.LLM:
                      **{"page_size": 16, "num_pages": 512, **kwargs})  # fmt: skip
 
 
-def count_replays(llm: final.LLM) -> Counter:
-    """Count each captured size's replays from now on."""
+def count_replays(llm: final.LLM, by_kernel: bool = False) -> Counter:
+    """Count each captured size's replays from now on (by_kernel: each (size, kernel) graph's)."""
     counts: Counter = Counter()
-    for size, graph in llm.core.executor.graphs.graphs.items():
+    for (size, kernel), graph in llm.core.executor.graphs.graphs.items():
         original = graph.replay
 
-        def replay(size=size, original=original):
-            counts[size] += 1
+        def replay(key=(size, kernel) if by_kernel else size, original=original):
+            counts[key] += 1
             original()
 
         graph.replay = replay
@@ -109,10 +109,31 @@ def run(llm: final.LLM, prompts, params, arrivals, aborts) -> list:
     return [outputs.get(i) for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("attn", ["fi", "torch", "torch,fi"])
-def test_graph_replay_equals_eager(gpu_model_dir, attn):
+@pytest.fixture
+def tensor_cores_on_long_steps(monkeypatch):
+    """FlashInfer's tensor-core decode from batch 4 where the rows hold 48 tokens on average, so
+    that this test's steps of 4 to 16 rows cross the line as they decode: the sizes get a graph
+    per kernel, as a served Qwen3-0.6B's do from batch 64 and 1,024 tokens."""
+    from final.attention import flashinfer_backend as fb
+
+    monkeypatch.setenv(fb.TENSOR_CORE_ENV, "4")
+    monkeypatch.setenv(fb.TENSOR_CORE_CONTEXT_ENV, "48")
+    fb.tensor_core_min_batch.cache_clear()
+    fb.tensor_core_min_context.cache_clear()
+    yield
+    fb.tensor_core_min_batch.cache_clear()
+    fb.tensor_core_min_context.cache_clear()
+
+
+@pytest.mark.parametrize("attn", ["fi", "fi-tensor-cores", "torch", "torch,fi"])
+def test_graph_replay_equals_eager(gpu_model_dir, request, attn):
     """Every captured size up to 16 replays (batches of 1..16 requests, so 3 replays as 4, 9 as
-    16, ...), with radix hits, chunked prompts, preemption and aborts."""
+    16, ...), with radix hits, chunked prompts, preemption and aborts; with FlashInfer's two decode
+    kernels, each size's graph of each kernel replays where the step's context picks it."""
+    by_kernel = attn == "fi-tensor-cores"
+    if by_kernel:
+        request.getfixturevalue("tensor_cores_on_long_steps")
+        attn = "fi"
     base = sample_prompts(gpu_model_dir, n=16, seed=21)
     head = base[1][:48]
     prompts = base + [head + p[:5] for p in base[2:6]]
@@ -124,12 +145,18 @@ def test_graph_replay_equals_eager(gpu_model_dir, attn):
     for graphs in (0, 16):
         llm = engine(gpu_model_dir, attn, graphs, max_prefill_length=40, num_pages=40)
         if graphs:
-            replays = count_replays(llm)
+            replays = count_replays(llm, by_kernel)
+            if by_kernel:
+                assert llm.core.executor.runner.backend.graph_variants(16) == (False, True)
         outs[graphs] = run(llm, prompts, params, arrivals, aborts)
         assert llm.core.scheduler.num_preemptions > 0, "the pool is meant to run dry"
         vocab = llm.config.vocab_size
         del llm
         free_gpu_memory()
+    if by_kernel:
+        kernels = {kernel for _, kernel in replays}
+        assert kernels == {False, True}, f"replayed only {kernels}: the steps never crossed the line"
+        replays = Counter(size for size, _ in replays)
     assert set(replays) == set(capture_sizes(16)), f"replayed sizes {sorted(replays)}"
     pairs = [(g, e) for g, e in zip(outs[16], outs[0], strict=True) if e is not None]
     assert all(g is not None for g, _ in pairs)

@@ -78,7 +78,9 @@ def test_flashinfer_decodes_fp8_on_tensor_cores():
     backend = fp8_setup("fi", group=2)[3]
     # A group of 2 takes CUDA cores over bf16, tensor cores over FP8, at every batch size. (This
     # asserted the bound method itself, always true, until session 15.)
-    assert all(backend.use_tensor_cores(size) is True for size in (1, 8, 256))
+    assert all(
+        backend.use_tensor_cores(size, context) is True for size in (1, 8, 256) for context in (1, 8192)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
