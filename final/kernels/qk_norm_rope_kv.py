@@ -27,8 +27,13 @@ hide, and there the early launch costs: in the H200 kernel table of 2026-11-28
 (benchmarks/results/h200/versus_minisgl_fa-fi_h200.json against the same GPU's
 versus_minisgl_h200.json of the day before) this kernel took 65% longer at batch 256 under PDL,
 where nothing else changed; our reading, not measured apart, is that attention's blocks, launched
-early, wait on SMs our 24 × 256 small programs still need. Hence the bound, a setting until
-`gpu_run.sh pdl-ab` measures the batches between (`FINAL_PDL_MAX_TOKENS` moves it).
+early, wait on SMs our 24 × 256 small programs still need. Hence a bound. It was 64 until
+`gpu_run.sh pdl-bound` timed whole decode steps with the kernel on PDL and off it (H200, session 16,
+benchmarks/results/h200/final_decode_b*_pdl_*_h200.json): at batch 8 the step took 1.57 ms on PDL
+against 1.46 off, in two calls with the arms in either order; at batch 64 the two were within 0.3%.
+At batch 1 PDL is what the served step was measured with (the GEMV's and this kernel's together
+took it from 1.17 to 1.03 ms, `pdl-ab`), so the bound is 1 until `pdl-bound` times batches 1, 2 and
+4 apart (`FINAL_PDL_MAX_TOKENS` moves it).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from . import next_power_of_2, use_pdl, use_triton
 from .kv_write import torch_store_kv
 
 SMALL_STEP_TOKENS = 256  # up to here each program takes one head: many small programs fill the GPU
-PDL_MAX_TOKENS = 64  # steps up to here launch with PDL (docstring); FINAL_PDL_MAX_TOKENS overrides
+PDL_MAX_TOKENS = 1  # steps up to here launch with PDL (docstring); FINAL_PDL_MAX_TOKENS overrides
 
 
 @functools.cache

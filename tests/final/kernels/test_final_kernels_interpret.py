@@ -483,8 +483,8 @@ def test_pdl_needs_hopper_and_triton_and_final_pdl_0_turns_it_off(monkeypatch):
 
 
 def test_the_fused_kernel_launches_with_pdl_only_for_small_steps(monkeypatch):
-    """PDL for steps of up to PDL_MAX_TOKENS tokens only (the H200 kernel table: the early launch
-    slowed the batch-256 step's kernel); FINAL_PDL_MAX_TOKENS moves the bound for an A/B."""
+    """PDL for steps of up to PDL_MAX_TOKENS tokens only (on the H200 the early launch slowed the
+    batch-256 step's kernel and the batch-8 step); FINAL_PDL_MAX_TOKENS moves the bound for an A/B."""
     launches = []
 
     class Recorder:
