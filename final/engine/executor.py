@@ -75,8 +75,9 @@ class Executor:
         if graph_batch:
             self.graphs = GraphRunner(runner, graph_batch)
             say(
-                "CUDA graphs: %d decode batch sizes (1..%d) captured in %.1f s; they and the attention "
-                "state take %d MiB, measured before sizing the KV cache",
+                "CUDA graphs: %d decode graphs for %d batch sizes (1..%d) captured in %.1f s; they and "
+                "the attention state take %d MiB, measured before sizing the KV cache",
+                len(self.graphs.graphs),
                 len(self.graphs.sizes),
                 graph_batch,
                 self.graphs.capture_s,
