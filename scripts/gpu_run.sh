@@ -49,7 +49,7 @@
 #                 decode step's kernels at batch 1, 64 and 256 with PDL off, as shipped (the fused K/V
 #                 kernel's up to PDL_MAX_TOKENS) and everywhere: logs/pdl_kernels_{off,shipped,all}.json
 #   tc-ab         FlashInfer's decode on tensor cores for Qwen3-0.6B's group of 2, per arm of TC_ARMS
-#                 (batch:context, default "0:0 64:0 64:1024"): from that batch on (FINAL_TC_MIN_BATCH, 0:
+#                 (batch:context, default "0:0 64:0 64:1024 64:768"): from that batch on (FINAL_TC_MIN_BATCH, 0:
 #                 never) where the step's mean context is at least that (FINAL_TC_MIN_CONTEXT, 0: any):
 #                 the offline workload, 2 runs each: final_offline_tc<batch>[_ctx<context>]_<gpu>.json
 #                 (session 16 ran batch bounds at any context; shipped since: 64 and 1,024)
@@ -418,7 +418,7 @@ run_step() {
       $py -m scripts.results_pdl "$out/logs" ;;  # per batch: busy and fused-kernel time, the bound
     tc-ab)  # TC_ARMS: batch:context pairs (FINAL_TC_MIN_BATCH, FINAL_TC_MIN_CONTEXT; a context of 0: any)
       local arm batch context
-      for arm in ${TC_ARMS:-0:0 64:0 64:1024}; do
+      for arm in ${TC_ARMS:-0:0 64:0 64:1024 64:768}; do
         batch=${arm%%:*} context=${arm##*:}
         FINAL_TC_MIN_BATCH=$batch FINAL_TC_MIN_CONTEXT=$context bench --engine final --workload offline --repeats 2 \
           --engine-arg page_size=16 --name final_offline_tc${batch}$( [ "$context" = 0 ] || echo _ctx$context )_$gpu
