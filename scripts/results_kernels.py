@@ -21,6 +21,11 @@ COMBINED = ("norm", "rope", "kv-store")
 ENGINES = (("final-base", "before"), ("final", "final/"), ("mini-sglang", "Mini-SGLang"))
 
 
+def gpu_name(path: Path, data: dict[str, Any]) -> str:
+    """The GPU a versus result ran on ("H200"), from its hardware record or else its folder."""
+    return str(data.get("hardware", {}).get("gpu") or path.parent.name).replace("NVIDIA ", "")
+
+
 def versus_files(results_dir: Path) -> dict[str, dict[str, Any]]:
     """GPU name (H200, ...) -> the versus result whose kernel tables this page shows: one where
     final/ decoded with Mini-SGLang's attention backend (`--final-attn fi` or `fa,fi`: the tables
@@ -40,7 +45,7 @@ def versus_files(results_dir: Path) -> dict[str, dict[str, Any]]:
         data = json.loads(path.read_text())
         if not data.get("kernels"):
             continue
-        gpu = str(data.get("hardware", {}).get("gpu") or path.parent.name).replace("NVIDIA ", "")
+        gpu = gpu_name(path, data)
         if gpu not in found or rank(data) > rank(found[gpu]):
             found[gpu] = data
     return dict(sorted(found.items()))
@@ -159,7 +164,7 @@ def base_files(results_dir: Path) -> dict[str, dict[str, Any]]:
         data = json.loads(path.read_text())
         if not any(row.get("final-base") for row in data.get("kernels", [])):
             continue
-        gpu = str(data.get("hardware", {}).get("gpu") or path.parent.name).replace("NVIDIA ", "")
+        gpu = gpu_name(path, data)
         if gpu not in found or data.get("timestamp", "") > found[gpu].get("timestamp", ""):
             found[gpu] = data
     return dict(sorted(found.items()))

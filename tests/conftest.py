@@ -27,6 +27,24 @@ from tests.fixtures.tiny_models import make_tiny_checkpoint, train_tiny_tokenize
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture
+def tensor_core_bounds(monkeypatch):
+    """A setter for FlashInfer's tensor-core decode bounds (FINAL_TC_MIN_BATCH, FINAL_TC_MIN_CONTEXT;
+    None: unset, the shipped value), re-read at once; as shipped again after the test."""
+    from final.attention import flashinfer_backend as fb
+
+    def set_bounds(batch: str | None, context: str | None) -> None:
+        for name, value in ((fb.TENSOR_CORE_ENV, batch), (fb.TENSOR_CORE_CONTEXT_ENV, context)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        fb.tensor_core_bounds.cache_clear()  # read once a process; a fresh one reads them anew
+
+    yield set_bounds
+    fb.tensor_core_bounds.cache_clear()  # before monkeypatch puts the variables back
+
+
 def _bind_exercise_stage(folder: str) -> None:
     """The "build it yourself" hook (scripts/exercise.py): EXERCISE_STAGE_DIR names a copy of one
     stage, e.g. exercises/03_radix_cache; `stages.03_radix_cache` then imports from that copy, so

@@ -48,17 +48,15 @@ TENSOR_CORE_CONTEXT_ENV = "FINAL_TC_MIN_CONTEXT"  # overrides the context bound;
 
 
 @functools.cache
-def tensor_core_min_batch() -> int | None:
-    """TENSOR_CORE_MIN_BATCH, or what FINAL_TC_MIN_BATCH says (read once: it is asked per step)."""
-    asked = env_count(TENSOR_CORE_ENV, "a batch size (0: never)")
-    return TENSOR_CORE_MIN_BATCH if asked is None else asked or None
-
-
-@functools.cache
-def tensor_core_min_context() -> int:
-    """TENSOR_CORE_MIN_CONTEXT, or what FINAL_TC_MIN_CONTEXT says (read once, as above)."""
-    asked = env_count(TENSOR_CORE_CONTEXT_ENV, "a number of tokens (0: any context)")
-    return TENSOR_CORE_MIN_CONTEXT if asked is None else asked
+def tensor_core_bounds() -> tuple[int | None, int]:
+    """(TENSOR_CORE_MIN_BATCH, TENSOR_CORE_MIN_CONTEXT), or what FINAL_TC_MIN_BATCH and
+    FINAL_TC_MIN_CONTEXT say (read once: they are asked every decode step)."""
+    batch = env_count(TENSOR_CORE_ENV, "a batch size (0: never)")
+    context = env_count(TENSOR_CORE_CONTEXT_ENV, "a number of tokens (0: any context)")
+    return (
+        TENSOR_CORE_MIN_BATCH if batch is None else batch or None,
+        TENSOR_CORE_MIN_CONTEXT if context is None else context,
+    )
 
 
 def mean_context(batch: ForwardBatch) -> float:
@@ -179,8 +177,8 @@ class FlashInferBackend(AttentionBackend):
         group = self.group
         if self.pool.is_fp8 or group >= 4 or group & (group - 1) != 0:
             return True
-        bound = tensor_core_min_batch()
-        return bound is not None and batch_size >= bound and context >= tensor_core_min_context()
+        min_batch, min_context = tensor_core_bounds()
+        return min_batch is not None and batch_size >= min_batch and context >= min_context
 
     def graph_variants(self, size: int) -> tuple[bool, ...]:
         """Whether each decode graph of `size` rows runs on tensor cores: a graph for each kernel a
@@ -233,14 +231,16 @@ class FlashInferBackend(AttentionBackend):
     def graph_unsupported_reason(self, max_batch: int) -> str | None:
         return None
 
+    def _graph_kernel(self, batch: ForwardBatch, variant: object) -> bool:
+        """Tensor cores or not for a graph of this batch: `variant` where given, else as picked."""
+        return self.graph_variant(batch) if variant is None else bool(variant)
+
     def prepare_for_capture(self, batch: ForwardBatch, variant: object = None) -> None:
-        tensor_cores = self.graph_variant(batch) if variant is None else bool(variant)
-        self.current = self._graph_wrapper(batch.size, tensor_cores)
+        self.current = self._graph_wrapper(batch.size, self._graph_kernel(batch, variant))
         self._plan(self.current, batch, graphed=True)
 
     def prepare_for_replay(self, batch: ForwardBatch, variant: object = None) -> None:
-        tensor_cores = self.graph_variant(batch) if variant is None else bool(variant)
-        self.current = self.graph_wrappers[batch.size, tensor_cores]
+        self.current = self.graph_wrappers[batch.size, self._graph_kernel(batch, variant)]
         self._plan(self.current, batch, graphed=True)
 
     def forward(self, layer, q, k, v, batch, out=None):

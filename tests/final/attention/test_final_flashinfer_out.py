@@ -51,7 +51,7 @@ def test_the_buffer_takes_v_head_dim_not_q_head_dim():
     assert b.prefill_wrapper.calls[0][2].shape == (3, 4, 6)
 
 
-def test_the_tensor_core_bounds_and_their_ab_switches(monkeypatch):
+def test_the_tensor_core_bounds_and_their_ab_switches(tensor_core_bounds):
     """Decode on tensor cores for a group of 2 (Qwen3-0.6B) from TENSOR_CORE_MIN_BATCH rows and
     TENSOR_CORE_MIN_CONTEXT tokens a row on; FINAL_TC_MIN_BATCH (0: never) and FINAL_TC_MIN_CONTEXT
     (0: any context) override them for gpu_run.sh tc-ab, and a non-number is the user's error.
@@ -68,50 +68,40 @@ def test_the_tensor_core_bounds_and_their_ab_switches(monkeypatch):
 
     def switches(group: int, batch: str | None, context: str | None) -> None:
         b.group = group
-        fb.tensor_core_min_batch.cache_clear()
-        fb.tensor_core_min_context.cache_clear()
-        for name, value in ((fb.TENSOR_CORE_ENV, batch), (fb.TENSOR_CORE_CONTEXT_ENV, context)):
-            if value is None:
-                monkeypatch.delenv(name, raising=False)
-            else:
-                monkeypatch.setenv(name, value)
+        tensor_core_bounds(batch, context)
 
     def picks(group: int, batch: str | None, context: str | None, tokens: float) -> list[bool]:
         switches(group, batch, context)
         return [b.use_tensor_cores(size, tokens) for size in sizes]
 
-    try:
-        bound, long = fb.TENSOR_CORE_MIN_BATCH, fb.TENSOR_CORE_MIN_CONTEXT
-        assert bound is not None and long > 1, "the shipped bounds this test reads"
-        assert picks(2, None, None, long) == [s >= bound for s in sizes]
-        assert picks(2, None, None, long - 1) == [False] * 4  # a short context: CUDA cores at any batch
-        assert picks(2, "128", "0", 1) == [False, False, True, True]
-        assert picks(2, "128", "100", 99.5) == [False] * 4
-        assert picks(2, "0", None, 8192) == [False] * 4
-        assert picks(4, "0", None, 1) == [True] * 4
-        # Graphs: one kernel where the context cannot change it, both where it can.
-        switches(2, "64", None)
-        assert [b.graph_variants(size) for size in sizes] == [
-            (False,),
-            (False, True),
-            (False, True),
-            (False, True),
-        ]
-        step = SimpleNamespace(size=64, seq_lens=[long] * 63 + [1])  # a padded step: the mean decides
-        assert b.graph_variant(step) is False
-        step.seq_lens[-1] = long
-        assert b.graph_variant(step) is True
-        switches(2, "64", "0")
-        assert b.graph_variants(64) == (True,) and b.graph_variants(8) == (False,)
-        switches(4, None, None)
-        assert b.graph_variants(8) == (True,)
-        with pytest.raises(UserError, match="FINAL_TC_MIN_BATCH"):
-            picks(2, "many", None, 1)
-        with pytest.raises(UserError, match="FINAL_TC_MIN_CONTEXT"):
-            picks(2, None, "long", 1)
-    finally:
-        fb.tensor_core_min_batch.cache_clear()
-        fb.tensor_core_min_context.cache_clear()
+    bound, long = fb.TENSOR_CORE_MIN_BATCH, fb.TENSOR_CORE_MIN_CONTEXT
+    assert bound is not None and long > 1, "the shipped bounds this test reads"
+    assert picks(2, None, None, long) == [s >= bound for s in sizes]
+    assert picks(2, None, None, long - 1) == [False] * 4  # a short context: CUDA cores at any batch
+    assert picks(2, "128", "0", 1) == [False, False, True, True]
+    assert picks(2, "128", "100", 99.5) == [False] * 4
+    assert picks(2, "0", None, 8192) == [False] * 4
+    assert picks(4, "0", None, 1) == [True] * 4
+    # Graphs: one kernel where the context cannot change it, both where it can.
+    switches(2, "64", None)
+    assert [b.graph_variants(size) for size in sizes] == [
+        (False,),
+        (False, True),
+        (False, True),
+        (False, True),
+    ]
+    step = SimpleNamespace(size=64, seq_lens=[long] * 63 + [1])  # a padded step: the mean decides
+    assert b.graph_variant(step) is False
+    step.seq_lens[-1] = long
+    assert b.graph_variant(step) is True
+    switches(2, "64", "0")
+    assert b.graph_variants(64) == (True,) and b.graph_variants(8) == (False,)
+    switches(4, None, None)
+    assert b.graph_variants(8) == (True,)
+    with pytest.raises(UserError, match="FINAL_TC_MIN_BATCH"):
+        picks(2, "many", None, 1)
+    with pytest.raises(UserError, match="FINAL_TC_MIN_CONTEXT"):
+        picks(2, None, "long", 1)
 
 
 def test_a_given_buffer_is_the_one_run_writes():

@@ -168,19 +168,11 @@ def test_trtllm_prefill_outside_blackwell_is_refused_not_run(capability):
 
 
 @pytest.fixture
-def tensor_cores_from_batch_1(monkeypatch):
+def tensor_cores_from_batch_1(tensor_core_bounds):
     """FlashInfer's tensor-core decode for a group of 2 at every batch and context: the kernel a
     Qwen3-0.6B decode step of TENSOR_CORE_MIN_BATCH rows and long contexts runs, at these tests'
     small batches."""
-    from final.attention import flashinfer_backend as fb
-
-    monkeypatch.setenv(fb.TENSOR_CORE_ENV, "1")
-    monkeypatch.setenv(fb.TENSOR_CORE_CONTEXT_ENV, "0")
-    fb.tensor_core_min_batch.cache_clear()
-    fb.tensor_core_min_context.cache_clear()
-    yield
-    fb.tensor_core_min_batch.cache_clear()  # before monkeypatch puts the variables back
-    fb.tensor_core_min_context.cache_clear()
+    tensor_core_bounds("1", "0")
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

@@ -110,19 +110,11 @@ def run(llm: final.LLM, prompts, params, arrivals, aborts) -> list:
 
 
 @pytest.fixture
-def tensor_cores_on_long_steps(monkeypatch):
+def tensor_cores_on_long_steps(tensor_core_bounds):
     """FlashInfer's tensor-core decode from batch 4 where the rows hold 48 tokens on average, so
     that this test's steps of 4 to 16 rows cross the line as they decode: the sizes get a graph
     per kernel, as a served Qwen3-0.6B's do from batch 64 and 1,024 tokens."""
-    from final.attention import flashinfer_backend as fb
-
-    monkeypatch.setenv(fb.TENSOR_CORE_ENV, "4")
-    monkeypatch.setenv(fb.TENSOR_CORE_CONTEXT_ENV, "48")
-    fb.tensor_core_min_batch.cache_clear()
-    fb.tensor_core_min_context.cache_clear()
-    yield
-    fb.tensor_core_min_batch.cache_clear()
-    fb.tensor_core_min_context.cache_clear()
+    tensor_core_bounds("4", "48")
 
 
 @pytest.mark.parametrize("attn", ["fi", "fi-tensor-cores", "torch", "torch,fi"])
