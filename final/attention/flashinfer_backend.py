@@ -37,12 +37,15 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 # benchmarks/results/h200/final_offline_tc*_h200.json, every context then): the offline workload,
 # whose decode steps run long contexts, gained about 6% from a bound of 64 or 32 (within 0.2% of
 # each other) against never, 4% from 128, a little less from 16 or 1; each arm's two runs within
-# 0.2%. The context bound comes from scripts/bench_kernels.py's `decode_attn_tc` rows
-# (kernels_h200.json, one layer's kernel): at 512 tokens the CUDA-core kernel was the faster at
-# batch 64 and 256 (by 5% and 3%), at 1,024 tensor cores won at 256 (4%) and were within 1% at 64,
-# at 4,096 they won at both; at batch 1 the CUDA-core kernel was never slower.
+# 0.2%. The context bound: scripts/bench_kernels.py's `decode_attn_tc` rows (kernels_h200.json, one
+# layer's kernel) have the CUDA-core kernel faster at 512 tokens at batch 64 and 256 (by 5% and 3%),
+# tensor cores faster at 1,024 at 256 (4%), at 4,096 at both; at batch 1 the CUDA-core kernel was
+# never slower. Session 17 measured the bound (same files, `_ctx<N>`; versus_minisgl_h200.json):
+# offline, any context 24,236 tok/s, from 768 tokens 23,934, from 1,024 23,190; but with any context
+# the kernel table's batch-256 step (512-token contexts) spent 14% more in attention than
+# Mini-SGLang's, and from 768 it spends about as much (1% more). 768 keeps both goals.
 TENSOR_CORE_MIN_BATCH: int | None = 64
-TENSOR_CORE_MIN_CONTEXT = 1024
+TENSOR_CORE_MIN_CONTEXT = 768
 TENSOR_CORE_ENV = "FINAL_TC_MIN_BATCH"  # overrides it for an A/B (gpu_run.sh tc-ab); 0: never
 TENSOR_CORE_CONTEXT_ENV = "FINAL_TC_MIN_CONTEXT"  # overrides the context bound; 0: any context
 

@@ -32,8 +32,9 @@ early, wait on SMs our 24 × 256 small programs still need. Hence a bound. It wa
 benchmarks/results/h200/final_decode_b*_pdl_*_h200.json): at batch 8 the step took 1.57 ms on PDL
 against 1.46 off, in two calls with the arms in either order; at batch 64 the two were within 0.3%.
 At batch 1 PDL is what the served step was measured with (the GEMV's and this kernel's together
-took it from 1.17 to 1.03 ms, `pdl-ab`), so the bound is 1 until `pdl-bound` times batches 1, 2 and
-4 apart (`FINAL_PDL_MAX_TOKENS` moves it).
+took it from 1.17 to 1.03 ms, `pdl-ab`). Session 17's `pdl-bound` timed batches 2 and 4: at 2 the
+step took 1.12 ms on PDL against 1.19 off, at 4 1.31 against 1.28, so the bound is 2
+(`FINAL_PDL_MAX_TOKENS` moves it).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from . import next_power_of_2, use_pdl, use_triton
 from .kv_write import torch_store_kv
 
 SMALL_STEP_TOKENS = 256  # up to here each program takes one head: many small programs fill the GPU
-PDL_MAX_TOKENS = 1  # steps up to here launch with PDL (docstring); FINAL_PDL_MAX_TOKENS overrides
+PDL_MAX_TOKENS = 2  # steps up to here launch with PDL (docstring); FINAL_PDL_MAX_TOKENS overrides
 
 
 @functools.cache
