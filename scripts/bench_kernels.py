@@ -2,7 +2,9 @@
 shapes: the K/V write, the fused q/k norm + RoPE + K/V write, sampling, the small-M GEMV (and a
 chain of them with programmatic dependent launch and without), and a decode step's metadata (inputs, positions and slots; the attention plan's page list). It also
 times FlashInfer's decode attention with and without tensor cores at several batches and
-contexts, the measurement `use_tensor_cores` in final/attention/flashinfer_backend.py follows.
+contexts (even and uneven lengths; eager, and replayed in a graph as the engine runs it), the
+measurement `use_tensor_cores` in final/attention/flashinfer_backend.py follows. `--only` runs
+some parts (`gpu_run.sh decode-attn`: the decode attention alone).
 
 Every kernel is first checked against its reference on fresh random inputs (pools poisoned with
 NaN, page sizes 1, 16 and 64, CUDA-graph padding rows), then both are timed: `graph_us` is the
@@ -328,48 +330,94 @@ def bench_step_metadata(report: Report, s: Setup) -> None:
             )
 
 
+# Decode contexts: (shortest, longest) KV tokens a row, lengths drawn evenly between. The even ones
+# are the kernel table's kind of step (every row one length); the uneven ones are spread like the
+# offline workload's (prompts of 100-1,024 tokens, then what each has generated), with means of 512
+# and 768: tensor cores measured 14% slower than the CUDA-core kernel in the kernel table's even
+# 512-token batch-256 step, yet faster offline at any context (session 17).
+DECODE_CONTEXTS = {"512": (512, 512), "1024": (1024, 1024), "4096": (4096, 4096), "u512": (64, 960), "u768": (256, 1280)}  # fmt: skip
+
+
+def decode_layout(lengths: list[int], page_size: int, device) -> tuple[torch.Tensor, ...]:
+    """FlashInfer's paged layout of one decode step: (indptr, indices, last_page_len), each row's
+    pages scattered over the pool, page 0 left free (the padding page)."""
+    pages = [-(-n // page_size) for n in lengths]
+    indptr = torch.tensor([0, *pages], device=device).cumsum(0).to(torch.int32)
+    indices = (torch.randperm(sum(pages), device=device) + 1).to(torch.int32)
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lengths, pages, strict=True)], device=device)
+    return indptr, indices, last.to(torch.int32)
+
+
 def bench_decode_attention(report: Report, s: Setup) -> None:
     """FlashInfer's paged decode with tensor cores (ours) against without (the reference), per
-    layer-call, page size 16: the measurement the backend's `use_tensor_cores` rule follows."""
+    layer-call, page size 16: the measurement the backend's `use_tensor_cores` rule follows. Two
+    ways per case: `decode_attn_tc` eager wrappers, `decode_attn_tc_graph` as the engine runs them
+    (graph-mode wrappers captured on rows of one token, as GraphRunner captures, replayed after a
+    plan with the case's lengths), each checked against the eager CUDA-core output."""
     import flashinfer
 
     page_size, workspace = 16, torch.empty(128 << 20, dtype=torch.uint8, device=s.device)
+    generator = torch.Generator().manual_seed(0)
     for batch in s.batches:
-        for context in (512, 1024, 4096):
-            pages_each = -(-context // page_size)
-            k_cache = torch.randn(batch * pages_each + 1, page_size, s.kv_heads, s.dim, device=s.device).to(
-                s.act
-            )
+        for name, (shortest, longest) in DECODE_CONTEXTS.items():
+            lengths = torch.randint(shortest, longest + 1, (batch,), generator=generator).tolist()
+            indptr, indices, last = decode_layout(lengths, page_size, s.device)
+            k_cache = torch.randn(len(indices) + 1, page_size, s.kv_heads, s.dim, device=s.device).to(s.act)
             v_cache = torch.randn_like(k_cache)
-            indptr = torch.arange(batch + 1, dtype=torch.int32, device=s.device) * pages_each
-            indices = torch.randperm(batch * pages_each, device=s.device).to(torch.int32)
-            last = torch.full(
-                (batch,), context - (pages_each - 1) * page_size, dtype=torch.int32, device=s.device
-            )
             q = torch.randn(batch, s.heads, s.dim, device=s.device).to(s.act)
-            outs, times = [], []
+            plan = dict(num_qo_heads=s.heads, num_kv_heads=s.kv_heads, head_dim=s.dim, page_size=page_size,
+                        q_data_type=s.act, kv_data_type=s.act)  # fmt: skip
+            outs, times, graphed = [], [], []
             for tensor_cores in (True, False):
                 wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                     workspace, "NHD", use_tensor_cores=tensor_cores
                 )
-                wrapper.plan(
-                    indptr,
-                    indices,
-                    last,
-                    s.heads,
-                    s.kv_heads,
-                    s.dim,
-                    page_size,
-                    q_data_type=s.act,
-                    kv_data_type=s.act,
-                )
+                wrapper.plan(indptr, indices, last, **plan)
                 outs.append(wrapper.run(q, (k_cache, v_cache)).float())
                 times.append(timed(lambda w=wrapper: w.run(q, (k_cache, v_cache)), graph=False))  # noqa: B023
-            err = ((outs[0] - outs[1]).norm() / outs[1].norm()).item()
-            report.check(
-                f"decode attention tensor cores B={batch} ctx={context}", err < 1e-2, f"rel error {err:.2e}"
-            )
-            report.time("decode_attn_tc", f"b{batch}_ctx{context}", times[0], times[1])
+                graphed.append(graph_decode(flashinfer, workspace, tensor_cores, q, k_cache, v_cache,
+                                            (indptr, indices, last), plan))  # fmt: skip
+            reference = outs[1]
+            checked = {
+                "tensor cores": outs[0],
+                "graph, tensor cores": graphed[0][0],
+                "graph, CUDA cores": graphed[1][0],
+            }
+            for label, out in checked.items():
+                err = ((out - reference).norm() / reference.norm()).item()
+                report.check(
+                    f"decode attention {label} B={batch} ctx={name}", err < 1e-2, f"rel error {err:.2e}"
+                )
+            case = f"b{batch}_ctx{name}"
+            report.time("decode_attn_tc", case, times[0], times[1])
+            report.time("decode_attn_tc_graph", case, graphed[0][1], graphed[1][1])
+
+
+def graph_decode(flashinfer, workspace, tensor_cores, q, k_cache, v_cache, layout, plan):
+    """One layer's decode the way the engine's graphs run it: (output, times)."""
+    indptr, indices, last = layout
+    batch = q.shape[0]
+    buffers = (torch.zeros_like(indptr), torch.zeros_like(indices), torch.zeros_like(last))
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores,
+        paged_kv_indptr_buffer=buffers[0], paged_kv_indices_buffer=buffers[1], paged_kv_last_page_len_buffer=buffers[2],
+    )  # fmt: skip
+    one_token = torch.arange(batch + 1, dtype=torch.int32, device=q.device)  # a page each, one token
+    wrapper.plan(one_token, torch.zeros(batch, dtype=torch.int32, device=q.device),
+                 torch.ones(batch, dtype=torch.int32, device=q.device), **plan)  # fmt: skip
+    out = torch.empty_like(q)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()  # warm-up off the capture stream, as final/engine/graph.py does
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        wrapper.run(q, (k_cache, v_cache), out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        wrapper.run(q, (k_cache, v_cache), out=out)
+    wrapper.plan(indptr, indices, last, **plan)  # this step's lengths, into the fixed buffers
+    out.zero_()
+    graph.replay()
+    return out.float(), timed(graph.replay, graph=False)
 
 
 def bench_gemv(report: Report, s: Setup) -> dict:
@@ -435,10 +483,22 @@ def bench_gemv_pdl(report: Report, s: Setup) -> None:
     )
 
 
+PARTS = {
+    "kv-write": bench_kv_write,
+    "fused": bench_fused,
+    "sampling": bench_sampling,
+    "step-metadata": bench_step_metadata,
+    "decode-attention": bench_decode_attention,
+    "gemv": bench_gemv,
+    "gemv-pdl": bench_gemv_pdl,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="the result JSON (default: print only)")
     parser.add_argument("--smoke", action="store_true", help="toy shapes on the CPU, Triton's interpreter")
+    parser.add_argument("--only", nargs="+", choices=PARTS, help="these parts only (default: all of them)")
     args = parser.parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import (the kernels' first build)
@@ -449,14 +509,12 @@ def main(argv: list[str] | None = None) -> int:
         setup = QWEN3_06B
     torch.manual_seed(0)
     report = Report()
-    bench_kv_write(report, setup)
-    bench_fused(report, setup)
-    bench_sampling(report, setup)
-    bench_step_metadata(report, setup)
-    if not args.smoke:  # FlashInfer: GPU only
-        bench_decode_attention(report, setup)
-    advice = bench_gemv(report, setup)
-    bench_gemv_pdl(report, setup)
+    parts = args.only or list(PARTS)
+    if args.smoke and "decode-attention" in parts:  # FlashInfer: GPU only
+        parts.remove("decode-attention")
+    advice = {}
+    for part in parts:
+        advice = PARTS[part](report, setup) or advice  # the GEMV's advice; the others return None
     failed = [c["name"] for c in report.checks if not c["ok"]]
     print(f"\n{len(report.checks) - len(failed)}/{len(report.checks)} checks passed; GEMV: {advice}")
     result = {

@@ -19,6 +19,9 @@
 #   kernels       final/kernels checked against their torch references and timed (K/V write, fused
 #                 norm + RoPE + K/V write, sampling, small-M GEMV; scripts/bench_kernels.py), into
 #                 benchmarks/results/<gpu>/kernels_<gpu>.json; its table and the GEMV advice in the log
+#   decode-attn   bench_kernels' decode-attention part alone: FlashInfer's decode on tensor cores
+#                 against CUDA cores, eager and as the engine's graphs run it, even and uneven
+#                 lengths, into logs/kernels_decode_attn_<gpu>.json (the tensor-core rule's map)
 #   test-kernels  tests/final/kernels/test_final_gpu_kernels.py alone: the kernels against their references, the
 #                 engine with them against without (test-final runs it too)
 #   test-attn     the attention backends' GPU tests (kernels, graphs, engines): on a fresh machine
@@ -216,6 +219,7 @@ run_step() {
     test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kernels/test_final_gpu_kernels.py tests/final/test_final_gpu.py tests/final/engine/test_final_penalties.py -k "not server and not bench_online" ;;
     test-all) OUT=$out bash scripts/run_gpu_tests.sh ;;
     kernels) $py -m scripts.bench_kernels --out $results/kernels_$gpu.json ;;
+    decode-attn) $py -m scripts.bench_kernels --only decode-attention --out "$out/logs/kernels_decode_attn_$gpu.json" ;;
     test-kernels) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kernels/test_final_gpu_kernels.py ;;
     test-tp) OUT=$out bash scripts/run_gpu_tests.sh tests/final/distributed/test_final_tp_gpu.py ;;
     bench-final)

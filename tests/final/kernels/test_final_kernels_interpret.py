@@ -13,6 +13,7 @@ the interpreter runs one program at a time.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -362,6 +363,31 @@ def test_bench_kernels_smoke_run_checks_everything_and_writes_a_valid_result(tmp
     assert data["checks"] and all(check["ok"] for check in data["checks"])
     kernels = {row["kernel"] for row in data["rows"]}
     assert kernels == {"kv_write", "fused_norm_rope_kv", "sampling", "gemv", "decode_inputs", "kv_indices"}
+
+
+@compiled
+def test_bench_kernels_only_runs_the_parts_asked(tmp_path):
+    """`--only` (a GPU call that needs one part, e.g. `gpu_run.sh decode-attn`): those rows only."""
+    out = tmp_path / "kernels_cpu.json"
+    command = [sys.executable, "-m", "scripts.bench_kernels", "--smoke", "--only", "kv-write", "step-metadata", "--out", str(out)]  # fmt: skip
+    run = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert {row["kernel"] for row in data["rows"]} == {"kv_write", "decode_inputs", "kv_indices"}
+
+
+def test_the_decode_attention_bench_lays_out_each_row_s_pages():
+    """The decode-attention bench's paged layout (scripts/bench_kernels.py, decode_layout): each
+    row gets the pages its length needs, the last page holds the rest, no page twice, page 0 free."""
+    from scripts.bench_kernels import decode_layout
+
+    page_size, lengths = 16, [1, 16, 17, 512, 300]
+    indptr, indices, last = decode_layout(lengths, page_size, "cpu")
+    pages = [1, 1, 2, 32, 19]
+    assert indptr.tolist() == [0, *itertools.accumulate(pages)]
+    assert last.tolist() == [1, 16, 1, 16, 12]
+    assert sorted(indices.tolist()) == list(range(1, sum(pages) + 1))
+    assert indptr.dtype == indices.dtype == last.dtype == torch.int32
 
 
 @compiled
