@@ -17,7 +17,12 @@ Medians; one JSON for all backends (a diagnosis for the logs), and with `--resul
 result per spec (`final_prefill_host_<spec>_<gpu>.json`, metrics `step_ms_<tokens>` and
 `launch_ms_<tokens>`), so the book can quote the figures. `--profile`
 adds, per length, the Python calls with the most time of their own in one more prefill (cProfile:
-its overhead inflates every call, so read the ranking, not the milliseconds). A spec ending in
+its overhead inflates every call, so read the ranking, not the milliseconds). `--breakdown` splits
+the launch itself, in `--repeats` more prefills, with plain clock reads around a few calls (a
+microsecond or so each, against cProfile's on every call): the runner's `prepare`, the backend's
+`prepare`, the piecewise graphs' replays and attention's `forward` (the backend's whole call: the
+kernel's launch and the Python around it), their calls a prefill, and what is left of the launch
+(`rest`: sampling, the step's bookkeeping, the last norm and LM head). A spec ending in
 `:no-replay` (`--attn fa fa:no-replay`) builds its engine with FINAL_FA4_REPLAY=0: FlashAttention 4
 through its Python interface at every call (final/attention/fa4_replay.py), to compare in one run;
 one ending in `:eager` (`--attn fi fi:eager`) with FINAL_PREFILL_GRAPHS=0: the prefill step run
@@ -33,6 +38,9 @@ import os
 import pstats
 import random
 import statistics
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
@@ -67,6 +75,7 @@ def measure(
     seed: int,
     profile: bool = False,
     batch: int = 1,
+    breakdown: bool = False,
 ) -> dict[str, Any]:
     import final
     from scripts.bench_offline_phases import recording
@@ -98,6 +107,8 @@ def measure(
             step.append(1e3 * only.seconds)
         out[str(n)] = {"launch_ms": statistics.median(launch), "step_ms": statistics.median(step),
                        "prompt_tokens": only.prompt_tokens}  # fmt: skip
+        if breakdown:
+            out[str(n)]["breakdown"] = split_launch(llm, lambda: prompts(n), params, repeats)  # noqa: B023
         if profile:  # one more prompt under cProfile: which Python calls the launch spends its time in
             fresh, profiler = prompts(n), cProfile.Profile()
             profiler.enable()
@@ -108,6 +119,63 @@ def measure(
               f"{out[str(n)]['step_ms']:7.2f} ms prefill", flush=True)  # fmt: skip
     llm.close()
     return out
+
+
+def clocked(call: Any, total: list[float]) -> Any:
+    """`call`, adding each call's host time and one call to `total` ([seconds, calls])."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            total[0] += time.perf_counter() - start
+            total[1] += 1
+
+    return timed
+
+
+@contextmanager
+def host_timers(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, list[float]]]:
+    """While the block runs, each `owner.name` (a class's method or an object's) is timed on the
+    host: label -> [seconds, calls], summed."""
+    totals = {label: [0.0, 0] for label in targets}
+    with ExitStack() as stack:
+        for label, (owner, name) in targets.items():
+            stack.enter_context(patch.object(owner, name, clocked(getattr(owner, name), totals[label])))
+        yield totals
+
+
+def split_launch(llm: Any, prompts: Any, params: Any, repeats: int) -> dict[str, Any]:
+    """Medians over `repeats` prefills of each part of the launch (ms) and its calls a prefill."""
+    from final.engine.graph import CudaGraph, EagerGraph
+    from scripts.bench_offline_phases import recording
+
+    runner = llm.core.executor.runner
+    backend = type(runner.backend)
+    targets = {
+        "runner_prepare": (type(runner), "prepare"),
+        "backend_prepare": (backend, "prepare"),
+        "graph_pieces": (CudaGraph, "replay"),
+        "graph_pieces_cpu": (EagerGraph, "replay"),  # the CPU's stand-in, where a test runs this
+        "attention": (backend, "forward"),
+    }
+    rows: list[dict[str, float]] = []
+    calls: dict[str, int] = {}
+    for _ in range(repeats):
+        fresh = prompts()
+        with recording(llm.core) as steps, host_timers(targets) as totals:
+            llm.generate(fresh, params, progress=False)
+        (only,) = [s for s in steps if s.prompt_tokens]
+        parts = {label: 1e3 * seconds for label, (seconds, _) in totals.items()}
+        parts["graph_pieces"] += parts.pop("graph_pieces_cpu")
+        calls = {label: int(count) for label, (_, count) in totals.items()}
+        calls["graph_pieces"] += calls.pop("graph_pieces_cpu")
+        launch = 1e3 * only.launch_seconds  # the parts are disjoint: none calls another
+        parts["rest"] = launch - sum(parts.values())
+        rows.append({"launch": launch, **parts})
+    medians = {f"{label}_ms": statistics.median(row[label] for row in rows) for label in rows[0]}
+    return {**medians, "calls": calls}
 
 
 def top_calls(profiler: cProfile.Profile, count: int = PROFILE_ROWS) -> list[dict[str, Any]]:
@@ -144,11 +212,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="add each length's top Python calls (cProfile)"
     )
+    parser.add_argument(
+        "--breakdown", action="store_true", help="add each length's launch split into its parts (clock reads)"
+    )
     args = parser.parse_args(argv)
     found = {
         attn: measure(
-            args.model, attn, args.device, args.tokens, args.repeats, args.seed, args.profile, args.batch
-        )
+            args.model,
+            attn,
+            args.device,
+            args.tokens,
+            args.repeats,
+            args.seed,
+            args.profile,
+            args.batch,
+            args.breakdown,
+        )  # fmt: skip
         for attn in args.attn
     }
     if args.out_dir:

@@ -403,10 +403,11 @@ run_step() {
     graph-launch) $py -m scripts.bench_graph_launch --model $ckpt --batch 1 64 --out-dir $results ;;
     offline-phases) $py -m scripts.bench_offline_phases --model $ckpt --out-dir $results ;;
     prefill-host)  # the host's share of a batch-1 prefill per backend (issue 26), into logs/ and results (needs the fa kit for fa)
-      # PREFILL_HOST_PROFILE=1: each length's top Python calls too; PREFILL_HOST_NAME: the JSON's name;
+      # PREFILL_HOST_PROFILE=1: each length's top Python calls too; PREFILL_HOST_BREAKDOWN=1: its launch
+      # split into parts by plain clock reads (no profiler); PREFILL_HOST_NAME: the JSON's name;
       # PREFILL_HOST_BATCH=32 PREFILL_HOST_TOKENS=512: an offline workload's prefill step
       $py -m scripts.bench_prefill_host --model $ckpt --attn ${ATTN_SPECS:-fi fa} --out-dir "$out/logs" --results-dir $results \
-        --name "${PREFILL_HOST_NAME:-prefill_host}" ${PREFILL_HOST_PROFILE:+--profile} \
+        --name "${PREFILL_HOST_NAME:-prefill_host}" ${PREFILL_HOST_PROFILE:+--profile} ${PREFILL_HOST_BREAKDOWN:+--breakdown} \
         --batch "${PREFILL_HOST_BATCH:-1}" --tokens ${PREFILL_HOST_TOKENS:-512 2048 8192} ;;
     pdl-ab)  # the batch-1 step with programmatic dependent launch (final/kernels/gemv.py) and without, one call
       for pdl in 1 0; do

@@ -87,3 +87,25 @@ def test_each_spec_becomes_a_result_the_results_page_reads(tiny_qwen3_dir, tmp_p
         assert set(result.metrics) == {"step_ms_8", "step_ms_24", "launch_ms_8", "launch_ms_24"}
         assert 0 < result.metrics["launch_ms_24"] <= result.metrics["step_ms_24"]
     assert found["final_prefill_host_torch-eager_cpu"].config["attn"] == "torch:eager"
+
+
+def test_the_breakdown_splits_each_launch_into_disjoint_parts(tiny_qwen3_dir, tmp_path):
+    """--breakdown: per length, the runner's and the backend's prepare once a prefill, attention
+    once a layer, and what is left of the launch; the parts add up to the launch."""
+    assert main(["--model", str(tiny_qwen3_dir), "--attn", "torch", "--device", "cpu", "--tokens", "8", "40",
+                 "--repeats", "2", "--out-dir", str(tmp_path), "--breakdown"]) == 0  # fmt: skip
+    data = json.loads((tmp_path / "prefill_host.json").read_text())
+    layers = json.loads((tiny_qwen3_dir / "config.json").read_text())["num_hidden_layers"]
+    for n in ("8", "40"):
+        split = data["by_attn"]["torch"][n]["breakdown"]
+        assert split["calls"] == {
+            "runner_prepare": 1,
+            "backend_prepare": 1,
+            "graph_pieces": 0,
+            "attention": layers,
+        }
+        parts = ("runner_prepare_ms", "backend_prepare_ms", "graph_pieces_ms", "attention_ms", "rest_ms")
+        assert all(split[p] >= 0 for p in parts) and split["attention_ms"] > 0
+        assert split["launch_ms"] > 0
+        # medians of each part need not add up exactly; each repeat's parts do (rest is the remainder)
+        assert split["rest_ms"] < split["launch_ms"]
