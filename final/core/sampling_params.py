@@ -46,9 +46,14 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    # JSON without whitespace between its tokens (vLLM's option of the same name): a model that
+    # is not trained for the format cannot wander in blanks (the server's forced tool calls).
+    disable_any_whitespace: bool = False
+
+    KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
     def __post_init__(self) -> None:
-        given = [name for name, value in self.as_dict().items() if value is not None]
+        given = [name for name in self.KINDS if getattr(self, name) is not None]
         if len(given) != 1:
             raise UserError(
                 "structured outputs take exactly one of json, json_object, regex, choice, grammar; "
@@ -62,7 +67,7 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
-        return next(name for name, value in self.as_dict().items() if value is not None)
+        return next(name for name in self.KINDS if getattr(self, name) is not None)
 
 
 @dataclass

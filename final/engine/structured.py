@@ -93,11 +93,12 @@ class StructuredOutputs:
     def _compile(self, spec: StructuredOutputsParams) -> Any:
         compiler = self.compiler or self._start()
         try:
+            blanks = not spec.disable_any_whitespace
             if spec.json_object:  # a JSON object, as OpenAI's json_object means (not any JSON value)
-                return compiler.compile_json_schema(json.dumps({"type": "object"}))
+                return compiler.compile_json_schema(json.dumps({"type": "object"}), any_whitespace=blanks)
             if spec.json is not None:
                 schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)
-                return compiler.compile_json_schema(schema)
+                return compiler.compile_json_schema(schema, any_whitespace=blanks)
             if spec.regex is not None:
                 return compiler.compile_regex(spec.regex)
             if spec.choice is not None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from ..core.errors import UserError
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool's tool_call_id
 
 
 class Tokenizer:
@@ -41,18 +43,40 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         # The template already wrote any BOS token; letting encode() add another would double it.
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, tools=tools), add_special_tokens=False)
 
-    def render_chat(self, messages: Sequence[Message], chat_template: str | None = None) -> str:
+    def template_takes_tools(self, chat_template: str | None = None) -> bool:
+        """Whether the chat template (the model's, or `chat_template`) reads `tools` at all: one
+        that does not would drop them without a word, and the model would never hear of them."""
+        template = chat_template or getattr(self.hf, "chat_template", None) or ""
+        return "tools" in (template if isinstance(template, str) else json.dumps(template))
+
+    def render_chat(
+        self,
+        messages: Sequence[Message],
+        chat_template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         """The conversation in the chat template (the model's, or `chat_template`), up to the
-        assistant's turn."""
+        assistant's turn; `tools` (OpenAI's function definitions) shown to the model by it."""
         if chat_template is None and not self.has_chat_template:
             raise UserError("this model has no chat template; send a plain prompt (/v1/completions) instead")
+        if tools and not self.template_takes_tools(chat_template):
+            raise UserError(
+                "this model's chat template takes no tools, so the model would never see them: "
+                "serve it with a --chat-template that does, or leave tools out"
+            )
         try:
             text = self.hf.apply_chat_template(
-                list(messages), chat_template=chat_template, add_generation_prompt=True, tokenize=False
+                list(messages),
+                chat_template=chat_template,
+                tools=tools or None,
+                add_generation_prompt=True,
+                tokenize=False,
             )
         except Exception as err:  # the template itself rejects the conversation (e.g. an unknown role)
             raise UserError(f"the chat template rejected the messages: {err}") from err

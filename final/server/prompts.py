@@ -43,9 +43,9 @@ async def _tokenize(work: Callable[[], T], param: str) -> T:
 
 async def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[int]:
     def work() -> list[int]:  # the messages are built in the thread too: there may be 2048 of them
-        messages = [{"role": m.template_role(), "content": m.text()} for m in req.messages]
+        messages = [m.for_template() for m in req.messages]
         check_text_length(state, sum(len(m["content"]) for m in messages), "messages")
-        return state.tokenizer.encode_chat(messages)
+        return state.tokenizer.encode_chat(messages, tools=req.template_tools())
 
     return await _tokenize(work, "messages")
 

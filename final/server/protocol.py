@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..core.sampling_params import StructuredOutputsParams
 from ..engine import structured
+from . import tools
 from .errors import bad_request
 
 MAX_N = 16  # choices per request
@@ -31,6 +32,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # a stop string is matched against the text at every token
 MAX_STOP_TOKEN_IDS = 64
 MAX_MESSAGES = 2048  # chat messages, and their content parts in all (counted before validation)
+MAX_TOOLS = 128  # tools a request declares, and calls an assistant message carries (OpenAI: 128)
 INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32 device tensors
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_MAX = 3.4028234663852886e38  # the penalties live in float32 device tensors  # OpenAI's range for seed (a torch.Generator takes it)
@@ -59,16 +61,120 @@ class TextPart(StrictModel):
     text: str
 
 
+class CalledFunction(StrictModel):
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(description="JSON text, as the server sent it")
+
+
+class MessageToolCall(StrictModel):
+    id: str = Field(max_length=256)
+    type: Literal["function"]
+    function: CalledFunction
+
+
+NOT_NULL = {"not": {"type": "null"}}
+
+
 class ChatMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    # A string, or content parts of which only text is supported.
-    content: str | Annotated[list[TextPart], Field(min_length=1, max_length=MAX_MESSAGES)]
+    model_config = ConfigDict(
+        json_schema_extra={  # the rules of _by_role, stated in the published schema
+            "allOf": [
+                {
+                    "if": {"properties": {"role": {"const": "assistant"}}},
+                    "then": {"properties": {"tool_call_id": {"type": "null"}}},
+                    "else": {
+                        "required": ["content"],
+                        "properties": {"content": NOT_NULL, "tool_calls": {"type": "null"}},
+                    },
+                },
+                {
+                    "if": {"properties": {"role": {"const": "tool"}}},
+                    "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": NOT_NULL}},
+                    "else": {"properties": {"tool_call_id": {"type": "null"}}},
+                },
+            ]
+        }
+    )
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # A string, or content parts of which only text is supported; null only beside an assistant's
+    # tool calls (OpenAI's clients send an earlier answer back that way).
+    content: str | Annotated[list[TextPart], Field(min_length=1, max_length=MAX_MESSAGES)] | None = Field(
+        None, description="required but for an assistant message", validate_default=True
+    )
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOLS)] | None = Field(
+        None, description="an assistant message's calls"
+    )
+    tool_call_id: str | None = Field(
+        None, max_length=256, description="a tool message's: the call it answers", validate_default=True
+    )
+
+    # The rules by role, each on its field (so a 400 names `messages[0].content`); `role` comes
+    # first, so it is known when they run.
+    @field_validator("content")
+    @classmethod
+    def _content_by_role(cls, content: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if content is None and role not in (None, "assistant"):
+            raise ValueError(f"a {role} message needs content")
+        return content
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_by_role(cls, calls: Any, info: ValidationInfo) -> Any:
+        if calls is not None and info.data.get("role") not in (None, "assistant"):
+            raise ValueError("tool_calls belong to assistant messages")
+        return calls
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _call_id_by_role(cls, call_id: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if role == "tool" and call_id is None:
+            raise ValueError("a tool message needs tool_call_id, the call it answers")
+        if role not in (None, "tool") and call_id is not None:
+            raise ValueError("only a tool message has a tool_call_id")
+        return call_id
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def template_role(self) -> str:
         return "system" if self.role == "developer" else self.role  # OpenAI's newer name for system
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates take it (HF's format)."""
+        message: dict[str, Any] = {"role": self.template_role(), "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = tools.template_tool_calls([c.model_dump() for c in self.tool_calls])
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionDefinition(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON Schema of the arguments")
+    strict: bool | None = Field(
+        None, description="accepted; a forced call (tool_choice) always follows the schema"
+    )
+
+
+class Tool(StrictModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class JsonSchema(StrictModel):
@@ -184,12 +290,56 @@ class ChatCompletionRequest(CommonFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="needs logprobs: true")
     response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="auto by default with tools; needs tools (docs/serving/api.md, tool calling)"
+    )
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    def check_tools(self) -> None:
+        """What the schema cannot say about tools: a 400 naming the field."""
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise bad_request("the tools' function names must be unique", param="tools")
+        if self.tool_choice is not None and not self.tools:
+            raise bad_request("tool_choice needs tools", param="tool_choice")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise bad_request(
+                f"tool_choice names {self.tool_choice.function.name!r}, which is not among the tools",
+                param="tool_choice",
+            )
+        if self.forced_tool_choice() is not None and self.response_format is not None:
+            if self.response_format.type != "text":
+                raise bad_request(
+                    "response_format and a tool_choice that forces a call both constrain the answer: "
+                    "give one", param="tool_choice",
+                )  # fmt: skip
+
+    def effective_tool_choice(self) -> str | dict[str, Any]:
+        """OpenAI's default: auto with tools, none without."""
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        return self.tool_choice if isinstance(self.tool_choice, str) else self.tool_choice.model_dump()
+
+    def forced_tool_choice(self) -> str | dict[str, Any] | None:
+        """`required` or a named function: the answer is a call by grammar (tools.py)."""
+        choice = self.effective_tool_choice()
+        return None if choice in ("none", "auto") else choice
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the chat template shows the model (none with tool_choice none)."""
+        if not self.tools or self.effective_tool_choice() == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def tool_names(self) -> set[str]:
+        return {t.function.name for t in self.tools or []}
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -243,10 +393,17 @@ class CompletionRequest(CommonFields):
 
 
 def structured_outputs(req: CommonFields) -> StructuredOutputsParams | None:
-    """A chat request's response_format as a grammar; a 400 now when the grammar engine is
-    missing, rather than after the request is queued."""
-    response_format = getattr(req, "response_format", None)
-    spec = response_format.structured() if response_format is not None else None
+    """A chat request's response_format, or the call its tool_choice forces, as a grammar; a 400
+    now when the grammar engine is missing, rather than after the request is queued."""
+    spec, param = None, "response_format"
+    if isinstance(req, ChatCompletionRequest) and (forced := req.forced_tool_choice()) is not None:
+        assert req.tools is not None  # check_tools
+        tool_dicts = [t.model_dump() for t in req.tools]
+        schema = tools.forced_schema(tool_dicts, forced, req.parallel_tool_calls)
+        spec = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+        param = "tool_choice"
+    elif (response_format := getattr(req, "response_format", None)) is not None:
+        spec = response_format.structured()
     if spec is not None and not structured.available():
-        raise bad_request(structured.MISSING, param="response_format")
+        raise bad_request(structured.MISSING, param=param)
     return spec

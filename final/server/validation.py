@@ -17,6 +17,7 @@ UNION_FIELDS = {
     "stop": f"a string or a list of at most {MAX_STOP_STRINGS} strings, each of 1 to {MAX_STOP_CHARS} "
     "characters",
     "content": "a string or a non-empty list of text parts",
+    "tool_choice": '"none", "auto", "required", or {"type": "function", "function": {"name": ...}}',
 }
 
 

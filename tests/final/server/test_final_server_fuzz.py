@@ -47,6 +47,11 @@ SEMANTIC_400 = (  # what a JSON Schema cannot say; each is documented in docs/se
     "the chat template rejected",
     "cannot be compiled",  # a response_format json_schema the grammar engine cannot follow
     "xgrammar",  # response_format json_object / json_schema on a host without the grammar engine
+    "tool_choice needs tools",
+    "not among the tools",
+    "names must be unique",  # the tools' function names
+    "takes no tools",  # tools for a chat template that never shows them
+    "give one",  # response_format beside a tool_choice that forces a call
 )
 
 
