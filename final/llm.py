@@ -257,6 +257,7 @@ class LLM:
         *,
         chat_template: str | None = None,
         tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         params: Any = None,
         progress: bool | None = None,
     ) -> list[RequestOutput]:
@@ -265,14 +266,15 @@ class LLM:
         template), as the server's encode_chat does, and the answer follows the assistant's turn.
         `tools` (OpenAI's function definitions) are shown to the model by the template, as vLLM's
         `chat(tools=...)` does; the answer is the model's text (the server reads calls out of it:
-        final/server/tools.py). One output per conversation; its `prompt` is the templated text."""
+        final/server/tools.py); `chat_template_kwargs` more variables for the template (vLLM's:
+        Qwen3's `enable_thinking`). One output per conversation; its `prompt` is the templated text."""
         if not messages:
             raise UserError("chat() needs at least one message")
         one = isinstance(messages[0], dict)
         conversations: list[Conversation] = [messages] if one else list(messages)  # type: ignore[list-item]
         prompts = []
         for conversation in conversations:
-            text = self.tokenizer.render_chat(list(conversation), chat_template, tools=tools)
+            text = self.tokenizer.render_chat(list(conversation), chat_template, tools, chat_template_kwargs)
             # The template wrote any BOS token itself: encoding must not add another.
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})

@@ -10,6 +10,13 @@ from typing import Any
 
 from ..core.errors import UserError
 
+# What apply_chat_template takes from us (and the variables it passes the template itself): a
+# request's chat_template_kwargs may not set them.
+RESERVED_TEMPLATE_NAMES = frozenset({
+    "self", "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})  # fmt: skip
 Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool's tool_call_id
 
 
@@ -44,10 +51,14 @@ class Tokenizer:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def encode_chat(
-        self, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         # The template already wrote any BOS token; letting encode() add another would double it.
-        return self.encode(self.render_chat(messages, tools=tools), add_special_tokens=False)
+        text = self.render_chat(messages, tools=tools, template_kwargs=template_kwargs)
+        return self.encode(text, add_special_tokens=False)
 
     def template_takes_tools(self, chat_template: str | None = None) -> bool:
         """Whether the chat template (the model's, or `chat_template`) reads `tools` at all: one
@@ -60,9 +71,15 @@ class Tokenizer:
         messages: Sequence[Message],
         chat_template: str | None = None,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The conversation in the chat template (the model's, or `chat_template`), up to the
-        assistant's turn; `tools` (OpenAI's function definitions) shown to the model by it."""
+        assistant's turn; `tools` (OpenAI's function definitions) shown to the model by it;
+        `template_kwargs` more variables for the template (vLLM's chat_template_kwargs: Qwen3's
+        `enable_thinking`), none of the names this call sets itself."""
+        taken = sorted(set(template_kwargs or {}) & RESERVED_TEMPLATE_NAMES)
+        if taken:
+            raise UserError(f"chat_template_kwargs may not set {', '.join(taken)}: the server sets them")
         if chat_template is None and not self.has_chat_template:
             raise UserError("this model has no chat template; send a plain prompt (/v1/completions) instead")
         if tools and not self.template_takes_tools(chat_template):
@@ -77,6 +94,7 @@ class Tokenizer:
                 tools=tools or None,
                 add_generation_prompt=True,
                 tokenize=False,
+                **(template_kwargs or {}),
             )
         except Exception as err:  # the template itself rejects the conversation (e.g. an unknown role)
             raise UserError(f"the chat template rejected the messages: {err}") from err

@@ -45,7 +45,7 @@ async def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[in
     def work() -> list[int]:  # the messages are built in the thread too: there may be 2048 of them
         messages = [m.for_template() for m in req.messages]
         check_text_length(state, sum(len(m["content"]) for m in messages), "messages")
-        return state.tokenizer.encode_chat(messages, tools=req.template_tools())
+        return state.tokenizer.encode_chat(messages, req.template_tools(), req.chat_template_kwargs)
 
     return await _tokenize(work, "messages")
 

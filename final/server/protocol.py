@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from ..core.sampling_params import StructuredOutputsParams
 from ..engine import structured
+from ..frontend.tokenizer import RESERVED_TEMPLATE_NAMES
 from . import tools
 from .errors import bad_request
 
@@ -295,12 +296,26 @@ class ChatCompletionRequest(CommonFields):
         None, description="auto by default with tools; needs tools (docs/serving/api.md, tool calling)"
     )
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra={"maxProperties": 32},
+        description="extension (vLLM's, SGLang's): more variables for the chat template, e.g. "
+        '{"enable_thinking": false} for Qwen3',
+    )
 
     @model_validator(mode="after")
     def _logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _not_ours(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(set(kwargs or {}) & RESERVED_TEMPLATE_NAMES)
+        if taken:
+            raise ValueError(f"may not set {', '.join(taken)}: the server sets them")
+        return kwargs
 
     def check_tools(self) -> None:
         """What the schema cannot say about tools: a 400 naming the field."""

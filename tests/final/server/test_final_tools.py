@@ -298,3 +298,20 @@ def test_the_offline_chat_shows_the_tools_to_the_model(tiny_qwen3_dir, template_
             llm.chat(USER, params, use_tqdm=False, tools=[WEATHER])  # the tiny model's own template
     finally:
         llm.close()
+
+
+KWARGS_TEMPLATE = "{%- for m in messages %}{{ m.content }}{% endfor %}{% if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}"
+
+
+def test_chat_template_kwargs_reach_the_template_but_not_the_names_the_server_sets(tiny_qwen3_dir):
+    """vLLM's and SGLang's chat_template_kwargs (Qwen3's enable_thinking), offline and in a request."""
+    tokenizer = Tokenizer(tiny_qwen3_dir, chat_template=KWARGS_TEMPLATE)
+    assert tokenizer.render_chat(USER, template_kwargs={"enable_thinking": False}).endswith("<no-think>")
+    assert not tokenizer.render_chat(USER).endswith("<no-think>")
+    with pytest.raises(UserError, match="may not set add_generation_prompt, messages"):
+        tokenizer.render_chat(USER, template_kwargs={"messages": [], "add_generation_prompt": False})
+    with pytest.raises(ValueError, match="may not set tools"):
+        chat(chat_template_kwargs={"tools": []})
+    assert chat(chat_template_kwargs={"enable_thinking": False}).chat_template_kwargs == {
+        "enable_thinking": False
+    }
