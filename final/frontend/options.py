@@ -51,6 +51,14 @@ class ServeOptions:
         "/v1/chat/completions and the shell)",
         group=MODEL,
     )
+    reasoning_parser: str | None = option(
+        None,
+        "the chat answer's <think> block into `reasoning_content`, apart from `content`: qwen3 (the "
+        "model opens the block) or deepseek_r1 (the prompt opens it); default: none, the text as "
+        "written",
+        group=MODEL,
+        choices=("qwen3", "deepseek_r1", "deepseek-r1"),  # the last: SGLang's spelling
+    )
     temperature: float | None = option(
         None,
         "0 is greedy; default: generation_config.json's, else 1.0 (OpenAI's) for the server and 0 "

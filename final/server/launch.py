@@ -136,6 +136,7 @@ def run_http(
         max_per_request=config.max_running_requests,
         read_timeout=args.read_timeout,
         sampling_defaults=defaults,
+        reasoning_parser=args.reasoning_parser and args.reasoning_parser.replace("-", "_"),
     )
     info = engine.info
     log.info(

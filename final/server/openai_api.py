@@ -22,8 +22,8 @@ from ..core.errors import UserError
 from ..core.sampling_params import SamplingParams
 from ..frontend.mailbox import TokenUpdate
 from ..frontend.sampling_defaults import fit_default_max_tokens
-from . import tools
 from .admission import Ticket
+from .chat_answer import ChatFrames, answer
 from .errors import bad_request, engine_dead, model_not_found
 from .event_stream import EventStream
 from .formatting import TextFrame, TextOffsets, chat_logprobs, completion_logprobs, usage
@@ -131,26 +131,6 @@ async def completions(http: Request) -> Response:
     return await _serve(http, CompletionRequest, _completion)
 
 
-def answer(
-    req: ChatCompletionRequest, text: str, finish_reason: str | None
-) -> tuple[dict[str, Any], str | None]:
-    """A whole answer as the chat message and finish reason the client gets: plain text, or
-    text and tool calls (tools.py)."""
-    choice = req.effective_tool_choice()
-    if choice == "none":
-        return {"role": "assistant", "content": text}, finish_reason
-    if choice == "auto":
-        content, calls = tools.parse(text, req.tool_names(), req.parallel_tool_calls)
-    else:
-        content, calls = None, tools.forced_calls(text, choice)
-        if not calls:  # cut short before the JSON closed: what there is, as text
-            content = text
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = [call.as_openai() for call in calls]
-    return message, "tool_calls" if calls and finish_reason == "stop" else finish_reason
-
-
 async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, ticket: Ticket) -> Response:
     req.check_tools()
     params = sampling_params(state, req, req.requested_max_tokens(), req.num_logprobs())
@@ -171,7 +151,7 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
 
     if not req.stream:
         choices, cached = await _collect(state, jobs, http)
-        answers = [answer(req, c.text, c.finish_reason) for c in choices]
+        answers = [answer(req, c.text, c.finish_reason, state.reasoning_parser) for c in choices]
         return JSONResponse(
             {
                 **head,
@@ -203,11 +183,11 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
 
     # The common chunk, text alone, serialized once per choice (formatting.TextFrame).
     texts = [TextFrame(lambda text, i=i: frame(i, {"content": text})) for i in range(req.n)]
-    calls = ToolCallFrames(req, frame)
+    parts = ChatFrames(req, frame, state.reasoning_parser)
 
     def chunk(index: int, out: TokenUpdate) -> list[dict | str]:
-        if calls.active:
-            return calls.chunk(index, out, state.tokenizer if want_logprobs else None)
+        if parts.active:
+            return parts.chunk(index, out, state.tokenizer if want_logprobs else None)
         if out.text and not want_logprobs and not out.finish_reason:
             return [texts[index].json(out.text)]
         frames: list[dict | str] = []
@@ -224,45 +204,6 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
     firsts = [frame(i, {"role": "assistant", "content": ""}) for i in range(req.n)]
     return _event_stream(state, jobs, http, ticket, chunk, firsts, final_usage if req.include_usage else None,
                          req.include_timing)  # fmt: skip
-
-
-class ToolCallFrames:
-    """A streamed chat answer's chunks when tools may be called: per choice, text as it is sure
-    to be text and each call in one delta when it is whole (tools.CallStream); under a forced
-    tool_choice, the calls at the end (the answer is their JSON: nothing of it is content)."""
-
-    def __init__(self, req: ChatCompletionRequest, frame: Any):
-        self.choice = req.effective_tool_choice()
-        self.active = self.choice != "none"
-        self.frame = frame
-        self.streams = [tools.CallStream(req.tool_names(), req.parallel_tool_calls) for _ in range(req.n)]
-        self.texts = [""] * req.n  # a forced answer's JSON so far
-        self.sent = [0] * req.n  # calls sent per choice
-
-    def chunk(self, index: int, out: TokenUpdate, tokenizer: Any) -> list[dict | str]:
-        frames: list[dict | str] = []
-        content, calls = "", []
-        if self.choice == "auto":
-            content, calls = self.streams[index].feed(out.text)
-            if out.finish_reason:
-                content += self.streams[index].finish()
-        else:
-            self.texts[index] += out.text
-            if out.finish_reason:
-                calls = tools.forced_calls(self.texts[index], self.choice)
-                content = "" if calls else self.texts[index]
-        if content or (tokenizer is not None and out.token_ids):
-            lp = (
-                chat_logprobs(tokenizer, out.token_ids, out.logprobs or []) if tokenizer is not None else None
-            )
-            frames.append(self.frame(index, {"content": content}, lp))
-        for call in calls:
-            frames.append(self.frame(index, {"tool_calls": [call.as_openai(self.sent[index])]}))
-            self.sent[index] += 1
-        if out.finish_reason:
-            called = self.sent[index] and out.finish_reason == "stop"
-            frames.append(self.frame(index, {}, finish="tool_calls" if called else out.finish_reason))
-        return frames
 
 
 # ------------------------------------------------------------------------------ completions

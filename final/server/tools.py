@@ -37,6 +37,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from .trimmed import Trimmed
+
 START, END = "<tool_call>", "</tool_call>"
 BLOCK = re.compile(re.escape(START) + r"(.*?)" + re.escape(END), re.DOTALL)
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # a function declared without parameters
@@ -113,8 +115,7 @@ class CallStream:
         self.names, self.parallel = names, parallel
         self.pending = ""  # text not yet decided
         self.inside = False  # after a START whose END has not come
-        self.started = False  # content has been sent (leading whitespace is dropped)
-        self.held = ""  # whitespace after the last content sent: sent only if text follows
+        self.content = Trimmed()  # the content's ends trimmed, as parse's strip() does
         self.calls = 0
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
@@ -155,16 +156,7 @@ class CallStream:
         return self._content(rest)
 
     def _content(self, text: str) -> str:
-        """Text sure to be content, with the whitespace rules applied."""
-        if not self.started:
-            text = text.lstrip()
-            if not text:
-                return ""
-            self.started = True
-        text = self.held + text
-        body = text.rstrip()
-        self.held = text[len(body) :]
-        return body
+        return self.content.add(text)
 
 
 def forced_schema(
