@@ -34,6 +34,7 @@ MAX_STOP_CHARS = 256  # a stop string is matched against the text at every token
 MAX_STOP_TOKEN_IDS = 64
 MAX_MESSAGES = 2048  # chat messages, and their content parts in all (counted before validation)
 MAX_TOOLS = 128  # tools a request declares, and calls an assistant message carries (OpenAI: 128)
+MAX_TEMPLATE_KWARGS = 32  # chat_template_kwargs' variables
 INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32 device tensors
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_MAX = 3.4028234663852886e38  # the penalties live in float32 device tensors  # OpenAI's range for seed (a torch.Generator takes it)
@@ -298,7 +299,7 @@ class ChatCompletionRequest(CommonFields):
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = Field(
         None,
-        json_schema_extra={"maxProperties": 32},
+        json_schema_extra={"maxProperties": MAX_TEMPLATE_KWARGS},
         description="extension (vLLM's, SGLang's): more variables for the chat template, e.g. "
         '{"enable_thinking": false} for Qwen3',
     )

@@ -24,14 +24,19 @@ from fastapi import Request
 
 from .body import THREAD_ABOVE_BYTES, check_content_type, decode_json, read_body
 from .errors import APIError, bad_request, never_fits
-from .protocol import MAX_MESSAGES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from .protocol import MAX_MESSAGES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TEMPLATE_KWARGS, MAX_TOOLS
 from .state import ServerState
 from .validation import parse
 
 # The most items of any list or object of a body (the prompt aside, see check_prompt_sizes), and
 # the fields whose own limit is lower, counted before validation too.
 MAX_ITEMS = MAX_MESSAGES
-LIST_LIMITS = {"stop": MAX_STOP_STRINGS, "stop_token_ids": MAX_STOP_TOKEN_IDS}
+LIST_LIMITS = {
+    "stop": MAX_STOP_STRINGS,
+    "stop_token_ids": MAX_STOP_TOKEN_IDS,
+    "tools": MAX_TOOLS,
+    "chat_template_kwargs": MAX_TEMPLATE_KWARGS,
+}
 
 
 async def read_request(http: Request, state: ServerState, model: type) -> Any:

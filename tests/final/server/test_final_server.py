@@ -342,6 +342,8 @@ BAD_REQUESTS = [
     ("chat", {"messages": [{"role": "function", "content": "x"}]}, 400, "messages[0].role"),
     ("chat", {"messages": [{"role": "tool", "content": "x"}]}, 400, "needs tool_call_id"),
     ("chat", {"messages": USER, "tool_choice": "auto"}, 400, "tool_choice needs tools"),
+    ("chat", {"messages": USER, "tools": [{}] * 129}, 400, "tools: at most 128 items"),
+    ("chat", {"messages": USER, "chat_template_kwargs": {str(i): 1 for i in range(33)}}, 400, "at most 32"),
     (
         "chat",
         {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
