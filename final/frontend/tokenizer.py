@@ -117,6 +117,11 @@ class Tokenizer:
             return self._decode_ids(list(ids), skip_special_tokens=True)
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
+    def decode_with_special_tokens(self, ids: Sequence[int]) -> str:
+        """The text of `ids` with their special tokens written out (/detokenize: a templated
+        prompt's ids give back the templated text)."""
+        return self.hf.decode(list(ids), skip_special_tokens=False)
+
     def decode_batch(self, sequences: list[list[int]]) -> list[str]:
         """`decode` of each sequence, in one call to the Rust tokenizer where it can (one crossing
         into Rust for a whole step's requests instead of one each)."""

@@ -6,6 +6,7 @@ openai_api.py   the two generation endpoints, streamed (SSE) or not
 chat_answer.py  a chat answer's text into its message or chunks: reasoning, content, tool calls
 tools.py        tool calling: tools into the template, <tool_call> blocks out, forced calls
 reasoning.py    --reasoning-parser: the <think> block into reasoning_content;  trimmed.py  ends trimmed
+tokenize_api.py /tokenize and /detokenize (vLLM's), off the engine
 body.py         reading a body: JSON only, size cap, read timeout, valid Unicode
 request_body.py a body to a request: list sizes counted first, large ones parsed off the loop
 timeouts.py     slow clients: a request's headers must arrive within --read-timeout

@@ -23,6 +23,7 @@ from .hosts import HostCheckMiddleware
 from .openai_api import chat_completions, completions
 from .openapi import build_openapi
 from .state import ServerState
+from .tokenize_api import detokenize, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ def create_app(
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", detokenize, methods=["POST"])
     started = int(time.time())
 
     @app.get("/v1/models")

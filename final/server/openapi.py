@@ -17,8 +17,20 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from .protocol import ChatCompletionRequest, CompletionRequest
+from .tokenize_api import DetokenizeRequest, TokenizeRequest
 
-REQUEST_MODELS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+REQUEST_MODELS = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
+}
+SUCCESS = {
+    "/v1/chat/completions": "the completion; with stream: true, Server-Sent Events (text/event-stream)",
+    "/v1/completions": "the completion; with stream: true, Server-Sent Events (text/event-stream)",
+    "/tokenize": "count, max_model_len, tokens and (with return_token_strs) token_strs",
+    "/detokenize": "prompt: the text of the token ids, special tokens written out",
+}
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -77,9 +89,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
         }
         operation["responses"] = {
-            "200": {
-                "description": "the completion; with stream: true, Server-Sent Events (text/event-stream)"
-            },
+            "200": {"description": SUCCESS[path]},
             **{status: {"description": text, **error} for status, text in ERRORS.items()},
         }
     app.openapi_schema = schema

@@ -32,7 +32,8 @@ def check_text_length(state: ServerState, chars: int, param: str) -> None:
         )
 
 
-async def _tokenize(work: Callable[[], T], param: str) -> T:
+async def tokenize_off_loop(work: Callable[[], T], param: str) -> T:
+    """`work` (tokenizing) in a worker thread; what the input's fault is becomes a 400 naming `param`."""
     try:
         return await asyncio.to_thread(work)
     except UserError as err:
@@ -47,7 +48,7 @@ async def chat_prompt(state: ServerState, req: ChatCompletionRequest) -> list[in
         check_text_length(state, sum(len(m["content"]) for m in messages), "messages")
         return state.tokenizer.encode_chat(messages, req.template_tools(), req.chat_template_kwargs)
 
-    return await _tokenize(work, "messages")
+    return await tokenize_off_loop(work, "messages")
 
 
 async def completion_prompts(state: ServerState, req: CompletionRequest) -> list[list[int]]:
@@ -58,4 +59,4 @@ async def completion_prompts(state: ServerState, req: CompletionRequest) -> list
                 check_text_length(state, len(text), "prompt")
         return [state.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
 
-    return await _tokenize(work, "prompt")
+    return await tokenize_off_loop(work, "prompt")

@@ -59,7 +59,8 @@ def check_sizes(body: Any, max_context: int, max_sequences: int) -> None:
     if not isinstance(body, dict):
         return  # parse() says what is wrong
     for name, value in body.items():
-        limit = LIST_LIMITS.get(name, MAX_ITEMS)
+        # /detokenize's ids: no more than a context holds (what an answer or a prompt can be)
+        limit = max_context if name == "tokens" else LIST_LIMITS.get(name, MAX_ITEMS)
         if name != "prompt" and isinstance(value, (list, dict)) and len(value) > limit:
             raise bad_request(f"{name}: at most {limit} items, got {len(value)}", param=name)
     messages = body.get("messages")
