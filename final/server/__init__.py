@@ -12,6 +12,7 @@ request_body.py a body to a request: list sizes counted first, large ones parsed
 timeouts.py     slow clients: a request's headers must arrive within --read-timeout
 hosts.py        the Host header must name this server (DNS rebinding)
 protocol.py     request bodies: strict types and ranges, the unsupported fields refused (400)
+chat_messages.py  a chat's messages and tools;  strict_model.py  the models' base
 prompts.py      prompt token ids: over-long text refused early, tokenizing off the event loop
 admission.py    sequences in flight: atomic, 503 when full, 400 past one request's share
 generation.py   limits, one request's round trip, abort

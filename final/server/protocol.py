@@ -12,40 +12,37 @@ clients send, or that change nothing at their neutral value, are accepted at tha
 through a grammar (engine/structured.py: xgrammar, when installed). The penalties have OpenAI's ranges (presence and
 frequency in [-2, 2]) and vLLM's for repetition_penalty (> 0, an extension).
 A JSON null means "not given", as in OpenAI's API. The same models produce /openapi.json
-(openapi.py), so the published schema is the one requests are checked against.
+(openapi.py), so the published schema is the one requests are checked against (the chat
+messages and tools: chat_messages.py).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ..core.sampling_params import StructuredOutputsParams
 from ..engine import structured
 from ..frontend.tokenizer import RESERVED_TEMPLATE_NAMES
 from . import tools
+from .chat_messages import MAX_MESSAGES, MAX_TOOLS, ChatMessage, NamedToolChoice, Tool
 from .errors import bad_request
+from .strict_model import StrictModel, needs, only
 
 MAX_N = 16  # choices per request
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # a stop string is matched against the text at every token
 MAX_STOP_TOKEN_IDS = 64
-MAX_MESSAGES = 2048  # chat messages, and their content parts in all (counted before validation)
-MAX_TOOLS = 128  # tools a request declares, and calls an assistant message carries (OpenAI: 128)
 MAX_TEMPLATE_KWARGS = 32  # chat_template_kwargs' variables
 INT32_MAX = 2**31 - 1  # top_k, max_tokens and token ids live in int32 device tensors
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-FLOAT32_MAX = 3.4028234663852886e38  # the penalties live in float32 device tensors  # OpenAI's range for seed (a torch.Generator takes it)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # OpenAI's range for seed (a torch.Generator takes it)
+FLOAT32_MAX = 3.4028234663852886e38  # the penalties live in float32 device tensors
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 PromptText = Annotated[str, Field(min_length=1)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(StrictModel):
@@ -56,127 +53,6 @@ class StreamOptions(StrictModel):
         "when its tokens reached the engine's host, left the detokenizer and left the server, and in a "
         "request's first such chunk when the server sent the request to the engine",
     )
-
-
-class TextPart(StrictModel):
-    type: Literal["text"]
-    text: str
-
-
-class CalledFunction(StrictModel):
-    name: str = Field(min_length=1, max_length=64)
-    arguments: str = Field(description="JSON text, as the server sent it")
-
-
-class MessageToolCall(StrictModel):
-    id: str = Field(max_length=256)
-    type: Literal["function"]
-    function: CalledFunction
-
-
-NOT_NULL = {"not": {"type": "null"}}
-
-
-class ChatMessage(StrictModel):
-    model_config = ConfigDict(
-        json_schema_extra={  # the rules of _by_role, stated in the published schema
-            "allOf": [
-                {
-                    "if": {"properties": {"role": {"const": "assistant"}}},
-                    "then": {"properties": {"tool_call_id": {"type": "null"}}},
-                    "else": {
-                        "required": ["content"],
-                        "properties": {"content": NOT_NULL, "tool_calls": {"type": "null"}},
-                    },
-                },
-                {
-                    "if": {"properties": {"role": {"const": "tool"}}},
-                    "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": NOT_NULL}},
-                    "else": {"properties": {"tool_call_id": {"type": "null"}}},
-                },
-            ]
-        }
-    )
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    # A string, or content parts of which only text is supported; null only beside an assistant's
-    # tool calls (OpenAI's clients send an earlier answer back that way).
-    content: str | Annotated[list[TextPart], Field(min_length=1, max_length=MAX_MESSAGES)] | None = Field(
-        None, description="required but for an assistant message", validate_default=True
-    )
-    tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOLS)] | None = Field(
-        None, description="an assistant message's calls"
-    )
-    tool_call_id: str | None = Field(
-        None, max_length=256, description="a tool message's: the call it answers", validate_default=True
-    )
-
-    # The rules by role, each on its field (so a 400 names `messages[0].content`); `role` comes
-    # first, so it is known when they run.
-    @field_validator("content")
-    @classmethod
-    def _content_by_role(cls, content: Any, info: ValidationInfo) -> Any:
-        role = info.data.get("role")
-        if content is None and role not in (None, "assistant"):
-            raise ValueError(f"a {role} message needs content")
-        return content
-
-    @field_validator("tool_calls")
-    @classmethod
-    def _calls_by_role(cls, calls: Any, info: ValidationInfo) -> Any:
-        if calls is not None and info.data.get("role") not in (None, "assistant"):
-            raise ValueError("tool_calls belong to assistant messages")
-        return calls
-
-    @field_validator("tool_call_id")
-    @classmethod
-    def _call_id_by_role(cls, call_id: Any, info: ValidationInfo) -> Any:
-        role = info.data.get("role")
-        if role == "tool" and call_id is None:
-            raise ValueError("a tool message needs tool_call_id, the call it answers")
-        if role not in (None, "tool") and call_id is not None:
-            raise ValueError("only a tool message has a tool_call_id")
-        return call_id
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-    def template_role(self) -> str:
-        return "system" if self.role == "developer" else self.role  # OpenAI's newer name for system
-
-    def for_template(self) -> dict[str, Any]:
-        """The message as chat templates take it (HF's format)."""
-        message: dict[str, Any] = {"role": self.template_role(), "content": self.text()}
-        if self.tool_calls:
-            message["tool_calls"] = tools.template_tool_calls([c.model_dump() for c in self.tool_calls])
-        if self.tool_call_id is not None:
-            message["tool_call_id"] = self.tool_call_id
-        return message
-
-
-class FunctionDefinition(StrictModel):
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = Field(None, description="a JSON Schema of the arguments")
-    strict: bool | None = Field(
-        None, description="accepted; a forced call (tool_choice) always follows the schema"
-    )
-
-
-class Tool(StrictModel):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class FunctionName(StrictModel):
-    name: str
-
-
-class NamedToolChoice(StrictModel):
-    type: Literal["function"]
-    function: FunctionName
 
 
 class JsonSchema(StrictModel):
@@ -214,22 +90,7 @@ class ResponseFormat(StrictModel):
         return None
 
 
-def _needs(field: str, **condition: Any) -> dict[str, Any]:
-    """JSON Schema for "`field`, when given and not null, needs these other fields' values", so the
-    published schema states the cross-field rules the validators below enforce."""
-    required = {
-        "properties": {name: {"const": value} for name, value in condition.items()},
-        "required": list(condition),
-    }
-    return {field: {"anyOf": [{"properties": {field: {"type": "null"}}}, required]}}
-
-
-STREAM_OPTIONS_NEEDS_STREAM = _needs("stream_options", stream=True)
-
-
-def _only(value: Any) -> Any:
-    """A field accepted at its neutral value only; the schema says so (JSON Schema `enum`)."""
-    return Field(value, json_schema_extra={"enum": [value]})
+STREAM_OPTIONS_NEEDS_STREAM = needs("stream_options", stream=True)
 
 
 class CommonFields(StrictModel):
@@ -256,7 +117,7 @@ class CommonFields(StrictModel):
     logit_bias: dict[str, float] = Field(default_factory=dict, json_schema_extra={"maxProperties": 0})
 
     @model_validator(mode="after")
-    def _neutral_only(self) -> CommonFields:
+    def _neutralonly(self) -> CommonFields:
         if self.logit_bias:
             raise ValueError("logit_bias is not supported (only {})")
         if self.stream_options is not None and not self.stream:
@@ -280,7 +141,7 @@ class CommonFields(StrictModel):
 class ChatCompletionRequest(CommonFields):
     model_config = ConfigDict(
         json_schema_extra={
-            "dependentSchemas": {**STREAM_OPTIONS_NEEDS_STREAM, **_needs("top_logprobs", logprobs=True)}
+            "dependentSchemas": {**STREAM_OPTIONS_NEEDS_STREAM, **needs("top_logprobs", logprobs=True)}
         }
     )
 
@@ -378,7 +239,7 @@ class CompletionRequest(CommonFields):
     ) = Field(description="a string, a list of strings, a list of token ids, or a list of those")
     max_tokens: int = Field(16, ge=1, le=INT32_MAX)  # OpenAI's default for completions
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: bool = _only(False)
+    echo: bool = only(False)
     suffix: str | None = Field(None, json_schema_extra={"maxLength": 0})
     best_of: int | None = Field(None, ge=1, le=MAX_N, description="only equal to n")
 

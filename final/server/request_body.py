@@ -23,8 +23,9 @@ from typing import Any
 from fastapi import Request
 
 from .body import THREAD_ABOVE_BYTES, check_content_type, decode_json, read_body
+from .chat_messages import MAX_MESSAGES, MAX_TOOLS
 from .errors import APIError, bad_request, never_fits
-from .protocol import MAX_MESSAGES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TEMPLATE_KWARGS, MAX_TOOLS
+from .protocol import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TEMPLATE_KWARGS
 from .state import ServerState
 from .validation import parse
 

@@ -10,21 +10,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
+from .chat_messages import MAX_MESSAGES, MAX_TOOLS, ChatMessage, Tool
 from .errors import bad_request
 from .openai_api import check_model
 from .prompts import tokenize_off_loop
-from .protocol import (
-    MAX_MESSAGES,
-    MAX_TEMPLATE_KWARGS,
-    MAX_TOOLS,
-    ChatMessage,
-    StrictModel,
-    TokenId,
-    Tool,
-    _only,
-)
+from .protocol import MAX_TEMPLATE_KWARGS, TokenId
 from .request_body import read_request
 from .state import ServerState
+from .strict_model import StrictModel, only
 
 
 class TokenizeRequest(StrictModel):
@@ -37,7 +30,7 @@ class TokenizeRequest(StrictModel):
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, json_schema_extra={"maxProperties": MAX_TEMPLATE_KWARGS}
     )
-    add_generation_prompt: bool = _only(True)
+    add_generation_prompt: bool = only(True)
     add_special_tokens: bool | None = Field(
         None, description="default: true for a prompt; for messages false (the template writes them)"
     )

@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import bad_request
-from .protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS, StrictModel
+from .protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from .strict_model import StrictModel
 
 # What a union field may be, for its error message: pydantic reports one error per branch.
 UNION_FIELDS = {
