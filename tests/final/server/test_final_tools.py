@@ -315,3 +315,27 @@ def test_chat_template_kwargs_reach_the_template_but_not_the_names_the_server_se
     assert chat(chat_template_kwargs={"enable_thinking": False}).chat_template_kwargs == {
         "enable_thinking": False
     }
+
+
+def test_each_choice_streams_its_own_calls_with_logprobs(server):
+    """n = 2 with logprobs, streamed: every choice ends with its own call (index 0 in each), the
+    logprobs ride on content chunks, and the two calls equal the unstreamed answer's (seeded)."""
+    client = server.client()
+    kw = {"model": "tiny", "messages": USER, "tools": [WEATHER], "max_tokens": 64, "n": 2, "seed": 3,
+          "temperature": 1.0, "logprobs": True, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}  # fmt: skip
+    whole = client.chat.completions.create(**kw)
+    want = {c.index: [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []] for c in whole.choices}
+    calls: dict[int, list[tuple[str, str]]] = {0: [], 1: []}
+    finishes, logprob_tokens = {}, 0
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for choice in chunk.choices:
+            for call in choice.delta.tool_calls or []:
+                assert call.index == len(calls[choice.index])
+                calls[choice.index].append((call.function.name, call.function.arguments))
+            if choice.logprobs is not None:
+                logprob_tokens += len(choice.logprobs.content or [])
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert calls == want and all(want.values())
+    assert finishes == {0: "tool_calls", 1: "tool_calls"}
+    assert logprob_tokens == whole.usage.completion_tokens
