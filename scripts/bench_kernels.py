@@ -74,8 +74,8 @@ SMOKE = Setup(
 LAYER_SHAPES = ("qkv", "o", "gate_up", "down")
 
 
-def gpu_us(fn, iters: int = 30) -> float:
-    """GPU time per call: the kernels' durations in a profiled window, summed."""
+def gpu_kernels(fn, iters: int = 30) -> dict[str, float]:
+    """GPU time per call of each kernel (name cut to 80 characters), in a profiled window."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -88,7 +88,17 @@ def gpu_us(fn, iters: int = 30) -> float:
         prof.export_chrome_trace(f"{tmp}/trace.json")
         events = json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"]
     kinds = ("kernel", "gpu_memcpy", "gpu_memset")
-    return sum(e.get("dur", 0) for e in events if e.get("cat") in kinds) / iters
+    per_kernel: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") in kinds:
+            name = str(e.get("name", "?"))[:80]
+            per_kernel[name] = per_kernel.get(name, 0.0) + e.get("dur", 0) / iters
+    return per_kernel
+
+
+def gpu_us(fn, iters: int = 30) -> float:
+    """GPU time per call: the kernels' durations in a profiled window, summed."""
+    return sum(gpu_kernels(fn, iters).values())
 
 
 def graph_us(fn) -> float:
@@ -390,11 +400,13 @@ def bench_decode_attention(report: Report, s: Setup) -> None:
                 )
             case = f"b{batch}_ctx{name}"
             report.time("decode_attn_tc", case, times[0], times[1])
-            report.time("decode_attn_tc_graph", case, graphed[0][1], graphed[1][1])
+            # Which kernels each graph ran (a split-KV merge, say): the why behind the two times.
+            report.time("decode_attn_tc_graph", case, graphed[0][1], graphed[1][1],
+                        kernels={"tensor_cores": graphed[0][2], "cuda_cores": graphed[1][2]})  # fmt: skip
 
 
 def graph_decode(flashinfer, workspace, tensor_cores, q, k_cache, v_cache, layout, plan):
-    """One layer's decode the way the engine's graphs run it: (output, times)."""
+    """One layer's decode the way the engine's graphs run it: (output, times, GPU us per kernel)."""
     indptr, indices, last = layout
     batch = q.shape[0]
     buffers = (torch.zeros_like(indptr), torch.zeros_like(indices), torch.zeros_like(last))
@@ -417,7 +429,7 @@ def graph_decode(flashinfer, workspace, tensor_cores, q, k_cache, v_cache, layou
     wrapper.plan(indptr, indices, last, **plan)  # this step's lengths, into the fixed buffers
     out.zero_()
     graph.replay()
-    return out.float(), timed(graph.replay, graph=False)
+    return out.float(), timed(graph.replay, graph=False), gpu_kernels(graph.replay)
 
 
 def bench_gemv(report: Report, s: Setup) -> dict:

@@ -324,7 +324,10 @@ def test_each_choice_streams_its_own_calls_with_logprobs(server):
     kw = {"model": "tiny", "messages": USER, "tools": [WEATHER], "max_tokens": 64, "n": 2, "seed": 3,
           "temperature": 1.0, "logprobs": True, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}  # fmt: skip
     whole = client.chat.completions.create(**kw)
-    want = {c.index: [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []] for c in whole.choices}
+    want = {
+        c.index: [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []]
+        for c in whole.choices
+    }
     calls: dict[int, list[tuple[str, str]]] = {0: [], 1: []}
     finishes, logprob_tokens = {}, 0
     for chunk in client.chat.completions.create(stream=True, **kw):
