@@ -20,7 +20,7 @@ leaves no room for a block. `ReasoningStream` splits a streamed answer, and its 
 
 from __future__ import annotations
 
-from .trimmed import Trimmed
+from .trimmed import Trimmed, held_back
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -35,14 +35,6 @@ def split(text: str, style: str) -> tuple[str | None, str]:
         head = head[len(OPEN) :]
     reasoning, closed, content = head.partition(CLOSE)
     return reasoning.strip(), content.strip() if closed else ""
-
-
-def _holds(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that could begin `tag` (held back, undecided)."""
-    for length in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-length:]):
-            return length
-    return 0
 
 
 class ReasoningStream:
@@ -71,7 +63,7 @@ class ReasoningStream:
         if self.phase == "reasoning":
             before, closed, after = self.pending.partition(CLOSE)
             if not closed:
-                keep = _holds(self.pending, CLOSE)
+                keep = held_back(self.pending, CLOSE)
                 sure, self.pending = (
                     self.pending[: len(self.pending) - keep],
                     self.pending[len(self.pending) - keep :],

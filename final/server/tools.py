@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .trimmed import Trimmed
+from .trimmed import Trimmed, held_back
 
 START, END = "<tool_call>", "</tool_call>"
 BLOCK = re.compile(re.escape(START) + r"(.*?)" + re.escape(END), re.DOTALL)
@@ -97,14 +97,6 @@ def parse(text: str, names: set[str], parallel: bool = True) -> tuple[str | None
     return (content or None) if calls else content, calls
 
 
-def _partial_start(text: str) -> int:
-    """The length of the longest end of `text` that could begin START (held back in a stream)."""
-    for length in range(min(len(text), len(START) - 1), 0, -1):
-        if START.startswith(text[-length:]):
-            return length
-    return 0
-
-
 class CallStream:
     """`parse` for a streamed answer: feed each new piece of text, get the content that is now
     sure to be content and the calls completed. The content deltas add up to `parse`'s content
@@ -138,7 +130,7 @@ class CallStream:
                 continue
             start = self.pending.find(START)
             if start < 0:
-                keep = _partial_start(self.pending)
+                keep = held_back(self.pending, START)
                 sure, self.pending = (
                     self.pending[: len(self.pending) - keep],
                     self.pending[len(self.pending) - keep :],

@@ -1,7 +1,7 @@
-"""Text streamed in pieces with its ends trimmed: what a whole text's `.strip()` would keep, sent
-as it becomes sure. Leading whitespace is dropped; whitespace is held until text follows it (and
-dropped if none does). Used where a streamed answer is split into parts (reasoning, content,
-tool calls) and each part must add up to the unstreamed response's."""
+"""Text streamed in pieces, for the readers that split a streamed answer into parts (reasoning,
+content, tool calls; each part must add up to the unstreamed response's): `Trimmed` sends what a
+whole text's `.strip()` would keep as it becomes sure (leading whitespace dropped, whitespace held
+until text follows it); `held_back` says how much of a piece's end may still become a tag."""
 
 from __future__ import annotations
 
@@ -22,3 +22,11 @@ class Trimmed:
         body = text.rstrip()
         self.held = text[len(body) :]
         return body
+
+
+def held_back(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that could begin `tag` (undecided: held back)."""
+    for length in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-length:]):
+            return length
+    return 0
