@@ -7,7 +7,7 @@ import pytest
 
 from final.frontend.tokenizer import Tokenizer
 from final.server import reasoning
-from tests.fixtures.live_server import Server
+from tests.fixtures.live_server import serving
 
 TEXTS = [
     "<think>\nLet me see.\n</think>\n\nParis.",
@@ -60,19 +60,9 @@ def test_nothing_that_may_close_the_block_is_sent_as_reasoning_too_early():
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir, tmp_path_factory):
-    s = Server(
-        tiny_qwen3_dir,
-        tmp_path_factory.mktemp("reasoning") / "server.log",
-        "--served-model-name",
-        "tiny",
-        "--reasoning-parser",
-        "deepseek-r1",
-        "--log-level",
-        "warning",
-    )  # fmt: skip (SGLang's spelling)
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.log()
+    # deepseek-r1: SGLang's spelling of the style
+    yield from serving(tiny_qwen3_dir, tmp_path_factory.mktemp("reasoning"), "--served-model-name", "tiny",
+                       "--reasoning-parser", "deepseek-r1", "--log-level", "warning")  # fmt: skip
 
 
 def test_the_server_sends_the_reasoning_apart_streamed_or_not(server, tiny_qwen3_dir):

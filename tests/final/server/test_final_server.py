@@ -18,16 +18,13 @@ import pytest
 
 from final.frontend.tokenizer import Tokenizer
 from scripts.render_results import parse_result
-from tests.fixtures.live_server import ROOT, Server
+from tests.fixtures.live_server import ROOT, Server, serving
 
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir, tmp_path_factory):
-    s = Server(tiny_qwen3_dir, tmp_path_factory.mktemp("server") / "server.log", "--served-model-name", "tiny_qwen3",
+    yield from serving(tiny_qwen3_dir, tmp_path_factory.mktemp("server"), "--served-model-name", "tiny_qwen3",
                "--log-level", "warning")  # fmt: skip
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.log()
 
 
 @pytest.fixture(scope="module")

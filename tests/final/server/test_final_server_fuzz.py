@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fixtures.live_server import Server
+from tests.fixtures.live_server import serving
 from tests.fixtures.schema_strategies import SchemaStrategies, any_json
 
 jsonschema = pytest.importorskip("jsonschema", reason="the fuzz needs jsonschema (the test extra)")
@@ -57,11 +57,8 @@ SEMANTIC_400 = (  # what a JSON Schema cannot say; each is documented in docs/se
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir, tmp_path_factory):
-    s = Server(tiny_qwen3_dir, tmp_path_factory.mktemp("fuzz") / "server.log", "--max-seq-len-override", "64",
+    yield from serving(tiny_qwen3_dir, tmp_path_factory.mktemp("fuzz"), "--max-seq-len-override", "64",
                "--served-model-name", "tiny", "--log-level", "warning")  # fmt: skip
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.log()
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ except ImportError:  # the GPU host's offline kit ships httpx2 (what openai itse
 import pytest
 
 from final.frontend.tokenizer import Tokenizer
-from tests.fixtures.live_server import Server
+from tests.fixtures.live_server import Server, serving
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 USER = [{"role": "user", "content": "What is the capital of France?"}]
@@ -45,11 +45,8 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir, tmp_path_factory):
     # --host 0.0.0.0 without a key: the server must warn (test_open_bind_without_a_key_warns).
-    s = Server(tiny_qwen3_dir, tmp_path_factory.mktemp("hardening") / "server.log", *LIMIT_FLAGS,
+    yield from serving(tiny_qwen3_dir, tmp_path_factory.mktemp("hardening"), *LIMIT_FLAGS,
                "--host", "0.0.0.0", "--served-model-name", "tiny_qwen3")  # fmt: skip
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.log()
 
 
 @pytest.fixture(scope="module")

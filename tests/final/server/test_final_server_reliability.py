@@ -29,7 +29,7 @@ import pytest
 
 from final.frontend.tokenizer import Tokenizer
 from final.server.hosts import accepted_host_names, host_allowed
-from tests.fixtures.live_server import Server
+from tests.fixtures.live_server import Server, serving
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 JSON = {"Content-Type": "application/json"}
@@ -40,10 +40,7 @@ FLAGS = ("--max-running-requests", "4", "--max-waiting-requests", "4", "--read-t
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir, tmp_path_factory):
-    s = Server(tiny_qwen3_dir, tmp_path_factory.mktemp("reliability") / "server.log", *FLAGS)
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.log()
+    yield from serving(tiny_qwen3_dir, tmp_path_factory.mktemp("reliability"), *FLAGS)
 
 
 def post(server: Server, path: str, body: dict, **headers: str) -> httpx.Response:

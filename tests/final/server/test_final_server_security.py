@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from final.server.security import is_loopback
-from tests.fixtures.live_server import Server
+from tests.fixtures.live_server import Server, serving
 
 KEY = "sk-test-9f2c4e"
 GOOD_ORIGIN = "http://good.example"
@@ -24,11 +24,8 @@ GOOD_ORIGIN = "http://good.example"
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir, tmp_path_factory):
-    s = Server(tiny_qwen3_dir, tmp_path_factory.mktemp("security") / "server.log", "--public-paths", "/health",
+    yield from serving(tiny_qwen3_dir, tmp_path_factory.mktemp("security"), "--public-paths", "/health",
                "--allowed-origins", GOOD_ORIGIN, "--served-model-name", "tiny", env={"FINAL_API_KEY": KEY})  # fmt: skip
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.log()
 
 
 def get(server: Server, path: str, key: str | None = None, **headers: str) -> httpx.Response:

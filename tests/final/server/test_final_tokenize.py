@@ -10,18 +10,15 @@ except ImportError:  # the GPU host's offline kit ships httpx2 (what openai itse
 import pytest
 
 from final.frontend.tokenizer import Tokenizer
-from tests.fixtures.live_server import Server
+from tests.fixtures.live_server import Server, serving
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir, tmp_path_factory):
-    s = Server(tiny_qwen3_dir, tmp_path_factory.mktemp("tokenize") / "server.log", "--served-model-name", "tiny",
+    yield from serving(tiny_qwen3_dir, tmp_path_factory.mktemp("tokenize"), "--served-model-name", "tiny",
                "--log-level", "warning")  # fmt: skip
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.log()
 
 
 def post(server: Server, path: str, body: dict) -> httpx.Response:

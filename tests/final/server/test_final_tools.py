@@ -14,7 +14,7 @@ from final.frontend.tokenizer import Tokenizer
 from final.server import tools
 from final.server.errors import APIError
 from final.server.protocol import ChatCompletionRequest
-from tests.fixtures.live_server import Server
+from tests.fixtures.live_server import serving
 
 NAMES = {"get_weather", "add"}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -211,11 +211,8 @@ def test_a_template_without_tools_refuses_them_and_one_with_them_shows_them(tiny
 @pytest.fixture(scope="module")
 def server(tiny_qwen3_dir, template_file, tmp_path_factory):
     pytest.importorskip("xgrammar", reason="forced tool calls need xgrammar")
-    s = Server(tiny_qwen3_dir, tmp_path_factory.mktemp("tools") / "server.log", "--served-model-name", "tiny",
+    yield from serving(tiny_qwen3_dir, tmp_path_factory.mktemp("tools"), "--served-model-name", "tiny",
                "--chat-template", str(template_file), "--log-level", "warning")  # fmt: skip
-    yield s
-    s.stop()
-    assert s.proc.returncode == 0, s.log()
 
 
 def streamed_calls(client: openai.OpenAI, **kw) -> tuple[str, list[tuple[str, str]], str | None]:
