@@ -17,6 +17,15 @@ RESERVED_TEMPLATE_NAMES = frozenset({
     "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
 })  # fmt: skip
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
+    """A UserError when chat_template_kwargs would set a name the caller sets."""
+    taken = sorted(set(kwargs or {}) & RESERVED_TEMPLATE_NAMES)
+    if taken:
+        raise UserError(f"chat_template_kwargs may not set {', '.join(taken)}: the server sets them")
+
+
 Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool's tool_call_id
 
 
@@ -77,9 +86,7 @@ class Tokenizer:
         assistant's turn; `tools` (OpenAI's function definitions) shown to the model by it;
         `template_kwargs` more variables for the template (vLLM's chat_template_kwargs: Qwen3's
         `enable_thinking`), none of the names this call sets itself."""
-        taken = sorted(set(template_kwargs or {}) & RESERVED_TEMPLATE_NAMES)
-        if taken:
-            raise UserError(f"chat_template_kwargs may not set {', '.join(taken)}: the server sets them")
+        check_template_kwargs(template_kwargs)
         if chat_template is None and not self.has_chat_template:
             raise UserError("this model has no chat template; send a plain prompt (/v1/completions) instead")
         if tools and not self.template_takes_tools(chat_template):

@@ -22,9 +22,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from ..core.errors import UserError
 from ..core.sampling_params import StructuredOutputsParams
 from ..engine import structured
-from ..frontend.tokenizer import RESERVED_TEMPLATE_NAMES
+from ..frontend.tokenizer import check_template_kwargs
 from . import tools
 from .chat_messages import MAX_MESSAGES, MAX_TOOLS, ChatMessage, NamedToolChoice, Tool
 from .errors import bad_request
@@ -117,7 +118,7 @@ class CommonFields(StrictModel):
     logit_bias: dict[str, float] = Field(default_factory=dict, json_schema_extra={"maxProperties": 0})
 
     @model_validator(mode="after")
-    def _neutralonly(self) -> CommonFields:
+    def _neutral_only(self) -> CommonFields:
         if self.logit_bias:
             raise ValueError("logit_bias is not supported (only {})")
         if self.stream_options is not None and not self.stream:
@@ -174,9 +175,10 @@ class ChatCompletionRequest(CommonFields):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _not_ours(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
-        taken = sorted(set(kwargs or {}) & RESERVED_TEMPLATE_NAMES)
-        if taken:
-            raise ValueError(f"may not set {', '.join(taken)}: the server sets them")
+        try:
+            check_template_kwargs(kwargs)  # here too, so the 400 names this field
+        except UserError as err:
+            raise ValueError(str(err)) from None
         return kwargs
 
     def check_tools(self) -> None:

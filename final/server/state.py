@@ -26,9 +26,8 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     # what a request gets for the sampling parameters it leaves out (frontend/sampling_defaults.py)
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
-    reasoning_parser: str | None = (
-        None  # --reasoning-parser: how a <think> block is told apart (reasoning.py)
-    )
+    # --reasoning-parser: how a <think> block is told apart (reasoning.py); None: not at all
+    reasoning_parser: str | None = None
     admission: Admission = field(init=False)
 
     def __post_init__(self) -> None:
