@@ -148,7 +148,7 @@ def host_timers(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, list[
 
 def split_launch(llm: Any, prompts: Any, params: Any, repeats: int) -> dict[str, Any]:
     """Medians over `repeats` prefills of each part of the launch (ms) and its calls a prefill."""
-    from final.engine.graph import CudaGraph, EagerGraph
+    from final.engine.graph import CudaGraph
     from scripts.bench_offline_phases import recording
 
     runner = llm.core.executor.runner
@@ -156,8 +156,7 @@ def split_launch(llm: Any, prompts: Any, params: Any, repeats: int) -> dict[str,
     targets = {
         "runner_prepare": (type(runner), "prepare"),
         "backend_prepare": (backend, "prepare"),
-        "graph_pieces": (CudaGraph, "replay"),
-        "graph_pieces_cpu": (EagerGraph, "replay"),  # the CPU's stand-in, where a test runs this
+        "graph_pieces": (CudaGraph, "replay"),  # none on the CPU: its prefill runs eagerly
         "attention": (backend, "forward"),
     }
     rows: list[dict[str, float]] = []
@@ -168,9 +167,7 @@ def split_launch(llm: Any, prompts: Any, params: Any, repeats: int) -> dict[str,
             llm.generate(fresh, params, progress=False)
         (only,) = [s for s in steps if s.prompt_tokens]
         parts = {label: 1e3 * seconds for label, (seconds, _) in totals.items()}
-        parts["graph_pieces"] += parts.pop("graph_pieces_cpu")
         calls = {label: int(count) for label, (_, count) in totals.items()}
-        calls["graph_pieces"] += calls.pop("graph_pieces_cpu")
         launch = 1e3 * only.launch_seconds  # the parts are disjoint: none calls another
         parts["rest"] = launch - sum(parts.values())
         rows.append({"launch": launch, **parts})
