@@ -165,15 +165,23 @@ bench_on() { local model=$1; shift; $py -m stages.common.bench --device cuda --d
 # bench-tp's and bench-stage07's grid: batch-1 decode and the offline workload at TP 1, 2 (and 4 on
 # 4 GPUs), for the 0.6B and 8B shapes, named <prefix>_tp<N>_<workload>_<shape>_<gpu>.
 # Usage: bench_tp_grid ENGINE PREFIX [ARG...], the ARGs passed to the latency runs only.
+# TP_MODELS="0.6b" or "8b" runs one shape (a call of its own each where the whole grid would not fit in
+# one 10-minute call); TP_DEGREES overrides the degrees. Each run's result is packed into
+# $OUT/partial-tp.tar as soon as it exists, so a call cut off at its limit keeps what ran.
 bench_tp_grid() {
-  local engine=$1 prefix=$2 degrees="1 2" model shape tp
+  local engine=$1 prefix=$2 degrees="1 2" models="" model shape tp
   shift 2
   [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && degrees="1 2 4"
-  for model in $ckpt $ckpt8; do
+  degrees=${TP_DEGREES:-$degrees}
+  case " ${TP_MODELS:-0.6b 8b} " in *" 0.6b "*) models="$ckpt" ;; esac
+  case " ${TP_MODELS:-0.6b 8b} " in *" 8b "*) models="$models $ckpt8" ;; esac
+  for model in $models; do
     shape=$(basename $model -random | tr -d '.-')  # qwen306b, qwen38b
     for tp in $degrees; do
       bench_on $model --engine $engine --workload latency --engine-arg attn=fi "$@" --engine-arg tp=$tp --name ${prefix}_tp${tp}_latency_${shape}_$gpu
+      keep_partial tp
       bench_on $model --engine $engine --workload offline --engine-arg attn=fi --engine-arg page_size=16 --engine-arg tp=$tp --name ${prefix}_tp${tp}_offline_${shape}_$gpu
+      keep_partial tp
     done
   done
 }
@@ -214,8 +222,8 @@ run_step() {
       [ -d /tmp/site ] && find /tmp/site -type f -exec touch -h -d 2000-01-01 {} +
       du -sh "$FLASHINFER_WORKSPACE_BASE" 2>/dev/null ;;
     fi-warmup) $py -m scripts.flashinfer_warmup ${FI_WARMUP_FP8:+--fp8} ;;
-    ckpt) [ -f $ckpt/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-0.6b --out $ckpt ;;
-    ckpt-8b) [ -f $ckpt8/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-8b --out $ckpt8 ;;
+    ckpt) [ -f $ckpt/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-0.6b --out $ckpt --force ;;  # no config.json: cut off, begun again
+    ckpt-8b) [ -f $ckpt8/config.json ] || $py -m scripts.make_random_checkpoint --shape qwen3-8b --out $ckpt8 --force ;;
     test-final) OUT=$out bash scripts/run_gpu_tests.sh tests/final/kernels/test_final_gpu_kernels.py tests/final/test_final_gpu.py tests/final/engine/test_final_penalties.py -k "not server and not bench_online" ;;
     test-all) OUT=$out bash scripts/run_gpu_tests.sh ;;
     kernels) $py -m scripts.bench_kernels --out $results/kernels_$gpu.json ;;

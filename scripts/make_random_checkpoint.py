@@ -145,13 +145,14 @@ def make_qwen3(shape: str, out_dir: Path, dtype: torch.dtype, seed: int) -> None
     eos_id, pad_id = vocab[IM_END], vocab[ENDOFTEXT]
 
     config = qwen3_config(shape, dtype, eos_token_id=eos_id, pad_token_id=pad_id)
-    config.save_pretrained(out_dir)
-    GenerationConfig(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(out_dir)
-
     shapes = parameter_shapes(config)
     n_params = sum(int(torch.Size(s).numel()) for s in shapes.values())
     print(f"{len(shapes)} tensors, {n_params / 1e6:.1f}M parameters, {dtype}")
     write_random_safetensors(out_dir / "model.safetensors", shapes, dtype, seed)
+    # The config last: a folder with a config.json is a whole checkpoint (gpu_run.sh's `ckpt` steps
+    # skip one that has it), so a run cut off while writing the weights leaves no config behind.
+    config.save_pretrained(out_dir)
+    GenerationConfig(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(out_dir)
 
 
 def main(argv: list[str] | None = None) -> None:

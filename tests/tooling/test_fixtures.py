@@ -227,3 +227,19 @@ def test_make_random_checkpoint_script_tiny(tmp_path: Path, tiny_qwen3_dir: Path
     # Same seed, same shape: the very checkpoint the fixture built.
     assert (out / "model.safetensors").read_bytes() == (tiny_qwen3_dir / "model.safetensors").read_bytes()
     assert AutoConfig.from_pretrained(out).model_type == "qwen3"
+
+
+def test_a_checkpoint_cut_off_while_writing_its_weights_has_no_config(tmp_path: Path, monkeypatch) -> None:
+    # gpu_run.sh's `ckpt` steps skip a folder that has a config.json: one written before the
+    # weights would make a cut-off run look like a whole checkpoint on the next call.
+    from scripts import make_random_checkpoint as script
+
+    def cut_off(path, *args, **kwargs):
+        path.write_bytes(b"half a tensor")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(script, "write_random_safetensors", cut_off)
+    with pytest.raises(KeyboardInterrupt):
+        script.make_qwen3("qwen3-0.6b", tmp_path / "ckpt", torch.bfloat16, seed=0)
+    assert (tmp_path / "ckpt" / "model.safetensors").exists()
+    assert not (tmp_path / "ckpt" / "config.json").exists()
