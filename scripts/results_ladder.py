@@ -6,7 +6,8 @@ row (empty, "next GPU run", until a result lands), and every full-scale `offline
 whose stage is `NN_name`, `final`, `mini-sglang` or `nano-vllm` can fill one. A result of the
 ladder's own step (`make bench-ladder`, names `ladder_*`) wins; otherwise the newest full-scale
 offline run of that engine on that GPU stands in (not one of the attention benchmark's, which
-vary the backend on purpose), and its settings are shown beside it.
+vary the backend on purpose, nor a tensor-parallel run or another model's), and its settings are
+shown beside it.
 """
 
 from __future__ import annotations
@@ -80,8 +81,16 @@ def candidates(results: list[Result]) -> list[Result]:
         and float(r.config.get("scale", 0)) == 1.0
         and r.config.get("kv_cache_dtype", "auto") in ("auto", "bf16")  # one precision on the ladder
         and r.group != ATTENTION_GROUP  # runs that vary the backend on purpose stand in for nothing
+        and int(r.config.get("tp", 1)) == 1  # one GPU: tensor parallelism's runs are chapter 07's
         and engine_key(r.stage) is not None
     ]
+
+
+def same_model(results: list[Result]) -> list[Result]:
+    """The runs of the model the ladder's own step ran (a larger model's offline run, measured for
+    another chapter, is no rung); every run where the step has not run on that GPU."""
+    models = {r.config.get("model") for r in results if r.group == GROUP}
+    return [r for r in results if r.config.get("model") in models] if models else results
 
 
 def pick(results: list[Result]) -> Result | None:
@@ -105,8 +114,9 @@ def build(root: Path, results: list[Result]) -> list[Ladder]:
     ladders = []
     for device in devices:
         rungs = []
+        on_device = same_model([r for r in usable if device_of(r) == device])
         for key in order:
-            mine = [r for r in usable if device_of(r) == device and engine_key(r.stage) == key]
+            mine = [r for r in on_device if engine_key(r.stage) == key]
             rungs.append(Rung(key, titles[key], key in PEERS, pick(mine)))
         ladders.append(Ladder(device, tuple(rungs)))
     return ladders

@@ -470,3 +470,54 @@ def test_a_metric_keeps_its_colour_in_every_panel_of_its_workload() -> None:
     p99 = color("short_itl_ms_p99", 0)  # drawn first in a panel without the worst gap
     assert p99 == color("short_itl_ms_p99", 1) != color("short_itl_ms_max", 0)
     assert color("something_else_ms", 2) == rr.results_plots.COLORS[2]  # unlisted: by its place
+
+
+def test_a_tensor_parallel_or_larger_model_run_never_stands_in_for_a_rung(tmp_path: Path) -> None:
+    # Chapter 07's grid: TP 1, 2 and 4, two model shapes, all newer than the ladder's own runs.
+    root = make_repo(tmp_path, ("06_overlap", "07_tensor_parallel"))
+    small, large = "qwen3-0.6b-random", "qwen3-8b-random"
+
+    def run(name, stage, tok_s, model, tp, when, **extra):
+        data = ladder_result(name, stage, tok_s, timestamp=when, **extra)
+        data["config"] |= {"model": model, "tp": tp}
+        return data
+
+    write(
+        root,
+        "h200/a.json",
+        run("ladder_stage06_h200", "06_overlap", 12000.0, small, 1, "2025-01-01T00:00:00Z", run_id="c1"),
+    )
+    write(
+        root,
+        "h200/b.json",
+        run("final_offline_h200", "final", 18000.0, small, 1, "2025-01-01T00:00:00Z"),
+    )
+    write(
+        root,
+        "h200/c.json",
+        run(
+            "stage07_tp1_offline_small_h200", "07_tensor_parallel", 12100.0, small, 1, "2025-01-02T00:00:00Z"
+        ),
+    )
+    write(
+        root,
+        "h200/d.json",
+        run("stage07_tp1_offline_large_h200", "07_tensor_parallel", 6000.0, large, 1, "2025-01-03T00:00:00Z"),
+    )
+    write(
+        root,
+        "h200/e.json",
+        run("stage07_tp4_offline_large_h200", "07_tensor_parallel", 9000.0, large, 4, "2025-01-04T00:00:00Z"),
+    )
+    write(
+        root,
+        "h200/f.json",
+        run("final_tp4_offline_small_h200", "final", 30000.0, small, 4, "2025-01-04T00:00:00Z"),
+    )
+    page = rr.render_markdown(root)[Path("docs/generated/ladder.md")]
+    rows = {line.split(" | ")[0]: line for line in page.splitlines() if line.startswith("| ")}
+    assert (
+        "12,100" in rows["| 07 · tensor parallel"]
+        and "stage07_tp1_offline_small_h200" in rows["| 07 · tensor parallel"]
+    )
+    assert "18,000" in rows["| final/"]
