@@ -22,6 +22,8 @@ LOOPBACK = "127.0.0.1"
 # The CPU group carries the step broadcast, which a rank waits on for as long as the engine is
 # idle (hours, for a quiet server): it must not time out. Liveness is the watchdog's business.
 CPU_GROUP_TIMEOUT = timedelta(days=30)
+# How long the ranks wait for each other to leave the groups together (close_tp).
+LEAVE_TIMEOUT = timedelta(seconds=30)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -82,10 +84,22 @@ def init_tp(store: dist.Store, rank: int, size: int, device: torch.device, timeo
 
 
 def close_tp(tp: TPInfo, abort: bool = False) -> None:
-    """Leave the process groups. `abort` after a failure: NCCL's communicator is aborted first,
-    which frees a rank blocked in a collective whose peer is gone (destroying would wait on it)."""
+    """Leave the process groups, every rank at once. Since PyTorch 2.6, destroying an NCCL group
+    flushes it with ncclCommFinalize, then ncclCommDestroy, which waits for the other ranks to
+    destroy theirs (pytorch/pytorch#141510; vllm-project/vllm#39846 met the same deadlock): a rank 0
+    that waits for its ranks to exit before leaving the groups waits on ranks that wait on it. So
+    the ranks meet at a barrier on the host group first; gloo's teardown is local, and the barrier
+    makes the CPU's teardown collective too, so the CPU tests catch a rank that leaves out of turn.
+    A rank that never reaches the barrier turns the leave into an abort. `abort` after a failure:
+    NCCL's communicator is aborted first, which frees a rank blocked in a collective whose peer
+    is gone (destroying would wait on it)."""
     if tp.size == 1 or not dist.is_initialized():
         return
+    if not abort:
+        try:
+            dist.monitored_barrier(group=tp.cpu_group, timeout=LEAVE_TIMEOUT)
+        except RuntimeError:  # a rank did not come: leaving together would wait for it forever
+            abort = True
     if abort and dist.get_backend() == "nccl":
         # What vLLM does too: the group's NCCL backend, aborted alone (gloo has no abort).
         # (The watchdog may have aborted it already, to free a stuck step.)

@@ -231,10 +231,12 @@ class RankGroup:
         if clean:
             try:
                 self.channel.send_shutdown()  # type: ignore[union-attr]
-                self._wait_for_ranks_to_leave()
             except Exception as err:
                 log.warning("tensor-parallel shutdown: %s", err)
                 clean = False
+        if clean:  # the ranks leave the groups together (close_tp): rank 0 with them, then they exit
+            self._leave_groups(abort=False)
+            self._wait_for_ranks_to_leave()
         for rank, proc in self.local.items():
             try:
                 proc.wait(STOP_S if clean else 0.1)
@@ -243,11 +245,15 @@ class RankGroup:
                     log.warning("tensor-parallel rank %d (pid %d) did not exit; killing it", rank, proc.pid)
                 proc.kill()
                 proc.wait()
+        if not clean:  # after a loss: the ranks are gone, and the groups are aborted, not left together
+            self._leave_groups(abort=self.failure is not None)
+        self.store = None  # the rendezvous server stops: ranks of other nodes still waiting exit
+
+    def _leave_groups(self, abort: bool) -> None:
         try:
-            close_tp(self.tp, abort=self.failure is not None)
+            close_tp(self.tp, abort=abort)
         except Exception as err:
             log.warning("leaving the process groups: %s", err)
-        self.store = None  # the rendezvous server stops: ranks of other nodes still waiting exit
 
     def _wait_for_ranks_to_leave(self) -> None:
         deadline = time.monotonic() + STOP_S

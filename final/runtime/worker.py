@@ -65,9 +65,11 @@ def run_rank(spec: RankSpec, store, rank: int, local_rank: int) -> None:
         freeze_startup_heap(f"tensor-parallel rank {rank}")  # a rank that pauses stalls them all
         steps = executor.follow(StepChannel(tp))
         log.debug("tensor-parallel rank %d: %d steps, shutting down", rank, steps)
-        executor.release_graphs()
-    finally:
-        close_tp(tp)
+        executor.release_graphs()  # before the groups go: a captured graph holds NCCL's work
+    except BaseException:
+        close_tp(tp, abort=True)  # the others will not meet this rank to leave together
+        raise
+    close_tp(tp)  # with rank 0 and the others, right after rank 0's shutdown message
 
 
 def main(argv: list[str] | None = None) -> int:

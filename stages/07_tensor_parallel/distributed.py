@@ -20,6 +20,7 @@ and --master-port name), which rank 0 serves (ranks.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,6 +37,7 @@ from .request import Batch
 # The CPU group carries the step broadcast, on which the other ranks wait for as long as the engine
 # is idle: it must not time out. A lost rank is the watchdog's business (ranks.py).
 CPU_GROUP_TIMEOUT = timedelta(days=30)
+LEAVE_TIMEOUT = timedelta(seconds=30)  # how long the ranks wait for each other to leave together
 
 
 # --8<-- [start:tpinfo]
@@ -236,6 +238,15 @@ def init_groups(store: dist.Store, rank: int, size: int, device: torch.device, t
 # --8<-- [end:groups]
 
 
-def close_groups(tp: TPInfo) -> None:
-    if tp.size > 1 and dist.is_initialized():
-        dist.destroy_process_group()
+def close_groups(tp: TPInfo, together: bool = True) -> None:
+    """Leave the process groups. Destroying an NCCL group waits for the other ranks to destroy
+    theirs (PyTorch 2.6 on: ncclCommFinalize, then ncclCommDestroy), so every rank leaves at the
+    same moment: they meet at a barrier on the host group first. Gloo's teardown is local; the
+    barrier makes the CPU's collective too, so the CPU tests catch a rank that leaves out of turn.
+    `together=False` after a failure, when the others will not come."""
+    if tp.size == 1 or not dist.is_initialized():
+        return
+    if together:
+        with contextlib.suppress(RuntimeError):  # a rank that never comes: leave anyway
+            dist.monitored_barrier(group=tp.cpu_group, timeout=LEAVE_TIMEOUT)
+    dist.destroy_process_group()

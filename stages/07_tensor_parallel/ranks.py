@@ -315,6 +315,7 @@ class RankGroup:
         if clean:
             try:
                 self.tp.send_step(None)
+                self._leave_groups(together=True)  # with the ranks, as they leave (close_groups)
                 deadline = time.monotonic() + STOP_S
                 while self.store.add(LEFT_KEY, 0) < self.spec.size - 1 and time.monotonic() < deadline:
                     time.sleep(POLL_S)  # ranks of other nodes are not our children: poll the store
@@ -330,11 +331,15 @@ class RankGroup:
                     log.warning("tensor-parallel rank %d (pid %d) did not leave; killing it", rank, proc.pid)
             proc.kill()  # after a loss, or a start that failed
             proc.wait()
+        if not clean:  # the ranks are gone: nobody to leave together with
+            self._leave_groups(together=False)
+        self.store = None  # the rendezvous stops: ranks of other nodes still waiting on it exit
+
+    def _leave_groups(self, together: bool) -> None:
         try:
-            close_groups(self.tp)
+            close_groups(self.tp, together)
         except Exception as err:
             log.warning("leaving the process groups: %s", err)
-        self.store = None  # the rendezvous stops: ranks of other nodes still waiting on it exit
 
     # --8<-- [end:close]
 

@@ -444,3 +444,17 @@ def test_tp4_with_replicated_kv_heads_and_a_padded_vocabulary_then_a_hung_rank(o
     finally:
         llm.close()
     assert not [p for p in workers if alive(p)]
+
+
+def test_the_ranks_leave_on_rank0s_word_and_together(tiny_qwen3_dir):
+    """A clean close: every rank leaves the process groups with rank 0 and exits by itself. On GPUs
+    an NCCL group's teardown waits for every rank's, so a rank 0 that waited for its ranks to exit
+    before leaving the groups would wait 30 s and then kill them (it did, on four H200s)."""
+    llm = engine(tiny_qwen3_dir, tp=2)
+    procs = list(llm.ranks.local.values())
+    serve_two_waves(llm, tiny_qwen3_dir)
+    OPEN.remove(llm)
+    started = time.monotonic()
+    llm.close()
+    assert [p.returncode for p in procs] == [0]  # not killed: it left on its own
+    assert time.monotonic() - started < ranks_module.STOP_S / 2
