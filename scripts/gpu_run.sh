@@ -55,7 +55,8 @@
 #                 (batch:context, default "0:0 64:0 64:1024 64:768"): from that batch on (FINAL_TC_MIN_BATCH, 0:
 #                 never) where the step's mean context is at least that (FINAL_TC_MIN_CONTEXT, 0: any):
 #                 the offline workload, 2 runs each: final_offline_tc<batch>[_ctx<context>]_<gpu>.json
-#                 (session 16 ran batch bounds at any context; shipped since: 64 and 1,024)
+#                 (session 16 ran batch bounds at any context; shipped since: 64 and 768); a third field,
+#                 the contexts' spread in percent (FINAL_TC_MIN_SPREAD): _spread<N> in the name
 #   pdl-bound     the fused K/V kernel's PDL bound by step time, not busy time (which leaves out the
 #                 gaps between kernels that PDL closes): final/'s decode step at each batch of
 #                 PDL_BATCHES (default 1 2 4), 3 runs each, the kernel on PDL (FINAL_PDL_MAX_TOKENS=256)
@@ -429,12 +430,15 @@ run_step() {
           --batch 1 64 256 --temperature 0.0 --json "$out/logs/pdl_kernels_${variant##*:}.json"
       done
       $py -m scripts.results_pdl "$out/logs" ;;  # per batch: busy and fused-kernel time, the bound
-    tc-ab)  # TC_ARMS: batch:context pairs (FINAL_TC_MIN_BATCH, FINAL_TC_MIN_CONTEXT; a context of 0: any)
-      local arm batch context
+    tc-ab)  # TC_ARMS: batch:context[:spread] (FINAL_TC_MIN_BATCH, FINAL_TC_MIN_CONTEXT, FINAL_TC_MIN_SPREAD;
+      # a context of 0: any; a spread in percent, none or 0: off), e.g. "64:768 64:768:25"
+      local arm batch context spread
       for arm in ${TC_ARMS:-0:0 64:0 64:1024 64:768}; do
-        batch=${arm%%:*} context=${arm##*:}
-        FINAL_TC_MIN_BATCH=$batch FINAL_TC_MIN_CONTEXT=$context bench --engine final --workload offline --repeats 2 \
-          --engine-arg page_size=16 --name final_offline_tc${batch}$( [ "$context" = 0 ] || echo _ctx$context )_$gpu
+        IFS=: read -r batch context spread <<< "$arm"
+        spread=${spread:-0}
+        FINAL_TC_MIN_BATCH=$batch FINAL_TC_MIN_CONTEXT=$context FINAL_TC_MIN_SPREAD=$spread \
+          bench --engine final --workload offline --repeats 2 --engine-arg page_size=16 \
+          --name final_offline_tc${batch}$( [ "$context" = 0 ] || echo _ctx$context )$( [ "$spread" = 0 ] || echo _spread$spread )_$gpu
       done ;;
     pdl-bound)  # PDL_BATCHES: the batches to time (a pair of arms each, about 100 s a batch)
       local b step

@@ -29,12 +29,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def tensor_core_bounds(monkeypatch):
-    """A setter for FlashInfer's tensor-core decode bounds (FINAL_TC_MIN_BATCH, FINAL_TC_MIN_CONTEXT;
-    None: unset, the shipped value), re-read at once; as shipped again after the test."""
+    """A setter for FlashInfer's tensor-core decode bounds (FINAL_TC_MIN_BATCH, FINAL_TC_MIN_CONTEXT,
+    FINAL_TC_MIN_SPREAD; None: unset, the shipped value), re-read at once; as shipped again after
+    the test."""
     from final.attention import flashinfer_backend as fb
 
-    def set_bounds(batch: str | None, context: str | None) -> None:
-        for name, value in ((fb.TENSOR_CORE_ENV, batch), (fb.TENSOR_CORE_CONTEXT_ENV, context)):
+    def set_bounds(batch: str | None, context: str | None, spread: str | None = None) -> None:
+        names = (fb.TENSOR_CORE_ENV, fb.TENSOR_CORE_CONTEXT_ENV, fb.TENSOR_CORE_SPREAD_ENV)
+        for name, value in zip(names, (batch, context, spread), strict=True):
             if value is None:
                 monkeypatch.delenv(name, raising=False)
             else:

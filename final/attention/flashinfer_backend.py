@@ -46,25 +46,49 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 # Mini-SGLang's, and from 768 it spends about as much (1% more). 768 keeps both goals.
 TENSOR_CORE_MIN_BATCH: int | None = 64
 TENSOR_CORE_MIN_CONTEXT = 768
+# Steps of TENSOR_CORE_MIN_BATCH rows or more whose contexts spread this much (their standard
+# deviation over their mean, in percent) take tensor cores at any mean context; None: the spread
+# does not count. Session 18's `gpu_run.sh decode-attn` (one layer's kernel, as the graphs run it,
+# benchmarks/logs/h200x4-2026-11-28-s18/kernels_decode_attn_h200.json): at batch 256 the tensor-core
+# kernel is slower at an even 512 tokens a row (the kernel table's step), faster at 512 on average
+# spread from 64 to 960 (a spread of about 50%) and at 768 spread from 256 to 1,280 (about 38%),
+# as in the offline workload, whose steps took tensor cores at any context 1.3% faster than from 768
+# (session 17). Off until `tc-ab` measures it end to end (FINAL_TC_MIN_SPREAD arms).
+TENSOR_CORE_MIN_SPREAD: int | None = None
 TENSOR_CORE_ENV = "FINAL_TC_MIN_BATCH"  # overrides it for an A/B (gpu_run.sh tc-ab); 0: never
 TENSOR_CORE_CONTEXT_ENV = "FINAL_TC_MIN_CONTEXT"  # overrides the context bound; 0: any context
+TENSOR_CORE_SPREAD_ENV = "FINAL_TC_MIN_SPREAD"  # overrides the spread bound (percent); 0: off
 
 
 @functools.cache
-def tensor_core_bounds() -> tuple[int | None, int]:
-    """(TENSOR_CORE_MIN_BATCH, TENSOR_CORE_MIN_CONTEXT), or what FINAL_TC_MIN_BATCH and
-    FINAL_TC_MIN_CONTEXT say (read once: they are asked every decode step)."""
+def tensor_core_bounds() -> tuple[int | None, int, int | None]:
+    """(TENSOR_CORE_MIN_BATCH, TENSOR_CORE_MIN_CONTEXT, TENSOR_CORE_MIN_SPREAD), or what
+    FINAL_TC_MIN_BATCH, FINAL_TC_MIN_CONTEXT and FINAL_TC_MIN_SPREAD say (read once: they are
+    asked every decode step)."""
     batch = env_count(TENSOR_CORE_ENV, "a batch size (0: never)")
     context = env_count(TENSOR_CORE_CONTEXT_ENV, "a number of tokens (0: any context)")
+    spread = env_count(TENSOR_CORE_SPREAD_ENV, "a percentage (0: the spread does not count)")
     return (
         TENSOR_CORE_MIN_BATCH if batch is None else batch or None,
         TENSOR_CORE_MIN_CONTEXT if context is None else context,
+        TENSOR_CORE_MIN_SPREAD if spread is None else spread or None,
     )
 
 
 def mean_context(batch: ForwardBatch) -> float:
     """A decode step's KV tokens per row: what the two decode kernels' speeds turn on."""
     return sum(batch.seq_lens) / max(batch.size, 1)
+
+
+def context_spread(seq_lens: list[int]) -> float:
+    """How unevenly a step's contexts are spread: their standard deviation over their mean, in
+    percent (0 for rows of one length)."""
+    n = len(seq_lens)
+    mean = sum(seq_lens) / max(n, 1)
+    if mean == 0:
+        return 0.0
+    variance = sum((x - mean) ** 2 for x in seq_lens) / n
+    return 100.0 * variance**0.5 / mean
 
 
 def pinned_int32(values: list[int], pin: bool = True) -> torch.Tensor:
@@ -169,19 +193,21 @@ class FlashInferBackend(AttentionBackend):
                 kv_data_type=kv_dtype,
             )
 
-    def use_tensor_cores(self, batch_size: int, context: float) -> bool:
+    def use_tensor_cores(self, batch_size: int, context: float, spread: float = 0.0) -> bool:
         """FlashInfer's decode on tensor cores (its prefill kernel with one query per request) or
         on CUDA cores, for a step of `batch_size` rows of `context` KV tokens each on average.
         Tensor cores pay off once several query heads share a KV head (4 or more); groups that are
         not a power of two (SmolLM2: 3) take them too: the path the GPU tests ran for that layout.
         An FP8 pool always does (issue 32's H200 table: tensor cores were faster at every shape
         measured there). Smaller groups from TENSOR_CORE_MIN_BATCH rows and TENSOR_CORE_MIN_CONTEXT
-        tokens on, as measured (above)."""
+        tokens on, or contexts spread by TENSOR_CORE_MIN_SPREAD percent, as measured (above)."""
         group = self.group
         if self.pool.is_fp8 or group >= 4 or group & (group - 1) != 0:
             return True
-        min_batch, min_context = tensor_core_bounds()
-        return min_batch is not None and batch_size >= min_batch and context >= min_context
+        min_batch, min_context, min_spread = tensor_core_bounds()
+        if min_batch is None or batch_size < min_batch:
+            return False
+        return context >= min_context or (min_spread is not None and spread >= min_spread)
 
     def graph_variants(self, size: int) -> tuple[bool, ...]:
         """Whether each decode graph of `size` rows runs on tensor cores: a graph for each kernel a
@@ -190,7 +216,12 @@ class FlashInferBackend(AttentionBackend):
         return (short,) if short == long else (short, long)
 
     def graph_variant(self, batch: ForwardBatch) -> bool:
-        return self.use_tensor_cores(batch.size, mean_context(batch))
+        context = mean_context(batch)
+        if self.use_tensor_cores(batch.size, context):
+            return True
+        # The spread, a pass over the rows, only where a bound on it can change the kernel.
+        spread_counts = tensor_core_bounds()[2] is not None
+        return spread_counts and self.use_tensor_cores(batch.size, context, context_spread(batch.seq_lens))
 
     def _decode_wrapper(self, tensor_cores: bool):
         if tensor_cores not in self.decode_wrappers:

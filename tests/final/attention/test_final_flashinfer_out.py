@@ -98,6 +98,24 @@ def test_the_tensor_core_bounds_and_their_ab_switches(tensor_core_bounds):
     assert b.graph_variants(64) == (True,) and b.graph_variants(8) == (False,)
     switches(4, None, None)
     assert b.graph_variants(8) == (True,)
+    # The spread bound (off as shipped): a step of short, uneven contexts takes tensor cores.
+    uneven = SimpleNamespace(size=64, seq_lens=[64, 960] * 32)  # mean 512, spread 87.5%
+    even = SimpleNamespace(size=64, seq_lens=[512] * 64)
+    switches(2, "64", "768")
+    assert b.graph_variant(even) is False
+    tensor_core_bounds("64", "768", "25")
+    assert b.graph_variant(uneven) is True and b.graph_variant(even) is False
+    uneven.size, uneven.seq_lens = 32, uneven.seq_lens[:32]  # under the batch bound: never
+    assert b.graph_variant(uneven) is False
+    tensor_core_bounds("64", "768", "90")
+    assert b.graph_variant(SimpleNamespace(size=64, seq_lens=[64, 960] * 32)) is False
+    tensor_core_bounds("64", "768", "0")  # 0: the spread does not count
+    assert b.graph_variant(SimpleNamespace(size=64, seq_lens=[64, 960] * 32)) is False
+    assert fb.context_spread([512] * 8) == 0 and round(fb.context_spread([64, 960]), 1) == 87.5
+    assert fb.context_spread([]) == 0
+    with pytest.raises(UserError, match="FINAL_TC_MIN_SPREAD"):
+        tensor_core_bounds("64", "768", "high")
+        b.graph_variant(even)
     with pytest.raises(UserError, match="FINAL_TC_MIN_BATCH"):
         picks(2, "many", None, 1)
     with pytest.raises(UserError, match="FINAL_TC_MIN_CONTEXT"):
