@@ -11,6 +11,7 @@ buffer, so its address never changes: what CUDA-graph replay (engine/graph.py) n
 from __future__ import annotations
 
 import gc
+from array import array
 from collections.abc import Callable
 from itertools import accumulate
 
@@ -220,7 +221,9 @@ class ModelRunner:
         """Copy a step's numbers to the device staging buffer in one transfer; the device view."""
         # Pinned memory from PyTorch's caching host allocator: the copy is asynchronous, and the block
         # is not reused before the copy has run, even when the host runs a step ahead (overlap).
-        host = torch.tensor(layout, dtype=torch.int32)
+        # array.array reads a list of ints three times faster than torch.tensor does (a long
+        # prefill's step is thousands of them: 0.5 against 0.15 ms for 8k on a CPU core here).
+        host = torch.frombuffer(array("i", layout), dtype=torch.int32)
         if self.device.type == "cuda":
             host = host.pin_memory()
         dev = self.buffers.staging[: len(layout)]
