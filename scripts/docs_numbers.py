@@ -212,7 +212,10 @@ class Numbers:
         places = []
         for hardware, _, _, _ in sources:
             device = device_of(_as_result(hardware))
-            if device != "CPU":
+            gpus = int(hardware.get("gpu_count") or 1)
+            if device != "CPU" and gpus > 1:  # a run on one GPU of them, or tensor-parallel over several
+                place = f"a host of {COUNT_WORDS.get(gpus, gpus)} {device}s"
+            elif device != "CPU":
                 place = f"one {device}"
             elif hardware.get("cpu_cores"):
                 place = f"a {hardware['cpu_cores']}-core {hardware['cpu']}"

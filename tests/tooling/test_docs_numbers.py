@@ -294,6 +294,9 @@ def test_measured_on_says_where_when_with_what_and_how_often(numbers) -> None:
         f"one H200, {numbers.date(gpu[0])}, torch {torch}, FlashInfer "
     )
     assert numbers.measured_on(*gpu).endswith("one run each")
+    tp = "stage07_tp2_latency_qwen38b_h200"  # on a host of four: not "one H200"
+    assert numbers.results[tp].hardware["gpu_count"] == 4
+    assert numbers.measured_on(tp).startswith(f"a host of four H200s, {numbers.date(tp)}, torch ")
     torch = numbers.results[cpu].versions["torch"].split("+")[0]
     cores, model = (numbers.results[cpu].hardware[k] for k in ("cpu_cores", "cpu"))
     assert (
