@@ -38,6 +38,8 @@
 #   profile-stage05  one decode step, eager and replayed, under the torch profiler (batch 1 and 64)
 #   bench-tp      batch-1 decode and the offline workload at TP 1, 2 (and 4 on 4 GPUs), for the
 #                 0.6B and 8B shapes (needs ckpt and ckpt-8b)
+#   bench-tp-one-shot  the same grid with FINAL_CUSTOM_ALL_REDUCE=1 (final/distributed/one_shot.py:
+#                 small all-reduces over NVLink by FlashInfer's one-shot kernel), final_oneshot_tp*
 #   test-stage06  stage 06's GPU tests (overlap on against off, the launch path never waits)
 #   bench-stage06 stage 06's offline workload, overlap on and off
 #   bench-stage06-online  stage 06's online workload in-process at 16 requests/s, overlap on and off
@@ -288,6 +290,7 @@ run_step() {
       done
       ;;
     bench-tp) bench_tp_grid final final ;;
+    bench-tp-one-shot) FINAL_CUSTOM_ALL_REDUCE=1 bench_tp_grid final final_oneshot ;;
     test-stage06) OUT=$out bash scripts/run_gpu_tests.sh tests/stages/test_stage06_gpu.py ;;
     bench-stage06)
       bench --engine stages.06_overlap --workload offline --engine-arg attn=fi --engine-arg page_size=16 --name stage06_offline_overlap_$gpu

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.errors import UserError
+from .one_shot import OneShotAllReduce
 from .tp import TPInfo
 
 LOOPBACK = "127.0.0.1"
@@ -62,9 +63,12 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_tp(store: dist.Store, rank: int, size: int, device: torch.device, timeout_s: float) -> TPInfo:
+def init_tp(
+    store: dist.Store, rank: int, size: int, device: torch.device, timeout_s: float, one_shot: bool = False
+) -> TPInfo:
     """Join the ranks: the device's group (NCCL on GPUs, gloo on the CPU; `timeout_s` bounds each
-    collective) and a gloo group on the host. Blocks until every rank has called it."""
+    collective), a gloo group on the host, and with `one_shot` the one-shot all-reduce's shared
+    buffers (one_shot.py; every rank must ask alike). Blocks until every rank has called it."""
     if dist.is_initialized():
         raise UserError(
             "this process already has a torch.distributed process group (another tensor-parallel "
@@ -80,7 +84,8 @@ def init_tp(store: dist.Store, rank: int, size: int, device: torch.device, timeo
         **options,
     )
     cpu_group = dist.new_group(backend="gloo", timeout=CPU_GROUP_TIMEOUT)
-    return TPInfo(rank=rank, size=size, group=dist.group.WORLD, cpu_group=cpu_group)
+    fast = OneShotAllReduce(rank, size, device, cpu_group) if one_shot else None
+    return TPInfo(rank=rank, size=size, group=dist.group.WORLD, cpu_group=cpu_group, one_shot=fast)
 
 
 def close_tp(tp: TPInfo, abort: bool = False) -> None:
@@ -100,6 +105,8 @@ def close_tp(tp: TPInfo, abort: bool = False) -> None:
             dist.monitored_barrier(group=tp.cpu_group, timeout=LEAVE_TIMEOUT)
         except RuntimeError:  # a rank did not come: leaving together would wait for it forever
             abort = True
+    if not abort and tp.one_shot is not None:
+        tp.one_shot.close()  # collective too: every rank is here, past the barrier
     if abort and dist.get_backend() == "nccl":
         # What vLLM does too: the group's NCCL backend, aborted alone (gloo has no abort).
         # (The watchdog may have aborted it already, to free a stuck step.)

@@ -28,6 +28,7 @@ class TPInfo:
     size: int = 1
     group: Any = None  # the device's process group (NCCL or gloo), when size > 1
     cpu_group: Any = None  # a gloo group on the host, when size > 1
+    one_shot: Any = None  # small all-reduces over NVLink, where switched on (one_shot.py)
 
     @property
     def is_first(self) -> bool:
@@ -69,8 +70,11 @@ class TPInfo:
     # ------------------------------------------------------------------ collectives of the model
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place."""
+        """Sum `x` over the ranks: in place through NCCL, or into a new tensor through the
+        one-shot all-reduce where it is on and `x` fits it. Use the tensor returned."""
         if self.size > 1:
+            if self.one_shot is not None and self.one_shot.fits(x):
+                return self.one_shot(x)
             torch.distributed.all_reduce(x, group=self.group)
         return x
 

@@ -83,6 +83,8 @@ class Executor:
                 self.graphs.capture_s,
                 reserve >> 20,
             )
+        if self.tp.one_shot is not None:  # every rank, after its last capture (distributed/one_shot.py)
+            self.tp.one_shot.register_graphs()
         say(
             "KV cache: %d tokens in %d pages (page size %d) of %s%s; attention: %s",
             num_pages * runner.page_size,

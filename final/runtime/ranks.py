@@ -39,6 +39,7 @@ from typing import Any
 
 from ..core.devices import cpu_threads
 from ..distributed.group import LOOPBACK, close_tp, init_tp, open_store, parse_address
+from ..distributed.one_shot import wanted as one_shot_wanted
 from ..distributed.step_channel import StepChannel
 from ..distributed.tp import TPInfo
 from ..engine.resolve import ResolvedConfig
@@ -135,7 +136,8 @@ class RankGroup:
         self.watchdog = Watchdog(watch_store, config.tp, self.local, silence, self._on_watchdog_failure)
         self.watchdog.start()
         self._wait_for_ranks(host, port)
-        self.tp = init_tp(self.store, 0, config.tp, self.device, config.dist_timeout)
+        one_shot = one_shot_wanted(self.device, config.tp, config.nnodes)
+        self.tp = init_tp(self.store, 0, config.tp, self.device, config.dist_timeout, one_shot)
         self.channel = StepChannel(self.tp)
         log.info(
             "tensor parallelism: %d ranks on %d node(s), rendezvous %s:%d",

@@ -27,6 +27,7 @@ import torch
 from ..core.heap import freeze_startup_heap
 from ..core.logs import setup_logging
 from ..distributed.group import close_tp, init_tp, open_store, parse_address
+from ..distributed.one_shot import wanted as one_shot_wanted
 from ..distributed.step_channel import StepChannel
 from ..engine.executor import Executor
 from .ranks import RankSpec
@@ -59,7 +60,8 @@ def run_rank(spec: RankSpec, store, rank: int, local_rank: int) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the other tensor-parallel ranks did not arrive")
         time.sleep(POLL_S)  # they announce themselves in the store: nothing to wait on but it
-    tp = init_tp(store, rank, config.tp, device, config.dist_timeout)
+    one_shot = one_shot_wanted(device, config.tp, config.nnodes)
+    tp = init_tp(store, rank, config.tp, device, config.dist_timeout, one_shot)
     try:
         executor = Executor(config, device, tp)
         freeze_startup_heap(f"tensor-parallel rank {rank}")  # a rank that pauses stalls them all

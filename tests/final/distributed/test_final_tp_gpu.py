@@ -83,6 +83,30 @@ def test_tp_matches_tp1_on_a_tiny_model(gpu_tiny_dir, size, kv_cache_dtype):
 
 
 @pytest.mark.parametrize("size", tp_degrees())
+def test_tp_with_the_one_shot_all_reduce_matches_tp1(gpu_tiny_dir, size, monkeypatch):
+    """FINAL_CUSTOM_ALL_REDUCE=1 (final/distributed/one_shot.py): the small all-reduces, eager and
+    inside the decode graphs and prefill pieces, go through FlashInfer's one-shot kernel over
+    NVLink; the answers must be TP=1's as with NCCL, and every rank's engine must close."""
+    prompts = sample_prompts(gpu_tiny_dir, n=8, seed=22)
+    vocab = 512
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=vocab)
+    want = run(gpu_tiny_dir, 1, prompts, params)
+    monkeypatch.setenv("FINAL_CUSTOM_ALL_REDUCE", "1")  # the ranks inherit it
+    llm = gpu_llm(gpu_tiny_dir, size)
+    try:
+        assert llm.core.ranks.tp.one_shot is not None, "the switch must build the one-shot all-reduce"
+        got = llm.generate(prompts, params, progress=False)
+        llm.core.check_integrity()
+    finally:
+        workers = list(llm.core.ranks.local.values())
+        llm.close()
+        free_gpu_memory()
+    assert [p.returncode for p in workers] == [0] * (size - 1)  # they left together, on rank 0's word
+    compared = assert_agree_until_near_tie(got, want, vocab, atol=KV_ATOL["auto"])
+    assert compared >= 4 * len(prompts), "the runs parted too early to show anything"
+
+
+@pytest.mark.parametrize("size", tp_degrees())
 def test_tp_matches_tp1_on_qwen3_06b_shape(qwen3_06b_dir, size):
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=QWEN3_06B_VOCAB)
     assert_tp_matches_tp1_on_qwen3_06b_shape(run, qwen3_06b_dir, size, params)
