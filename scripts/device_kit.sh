@@ -99,7 +99,7 @@ for kit in "${kits[@]}"; do
       download "$work/base/wheels" flashinfer-python==0.7.2.post1 apache-tvm-ffi==0.1.15.post2 \
         torch-c-dlpack-ext==0.1.5 fastapi starlette pydantic pydantic-core annotated-types \
         typing-inspection opentelemetry-api uvicorn httptools pyzmq gguf openai httpx2 httpcore2 truststore distro \
-        jiter sniffio prompt-toolkit wcwidth
+        jiter sniffio prompt-toolkit wcwidth nvidia-ml-py  # pynvml: flashinfer.comm imports it (one_shot.py)
       ;;
     fa)
       mkdir -p "$work/fa/wheels"
