@@ -289,7 +289,7 @@ run_step() {
         $py -m scripts.profile_decode_step --model $ckpt --device cuda --dtype bfloat16 --attn fi --page-size 16 --batch $b --out benchmarks/profiles/$gpu
       done
       ;;
-    bench-tp) bench_tp_grid final final ;;
+    bench-tp) bench_tp_grid final "${TP_PREFIX:-final}" ;;  # TP_PREFIX names an A/B arm (FINAL_PREFILL_GRAPHS=...)
     bench-tp-one-shot) FINAL_CUSTOM_ALL_REDUCE=1 bench_tp_grid final final_oneshot ;;
     test-stage06) OUT=$out bash scripts/run_gpu_tests.sh tests/stages/test_stage06_gpu.py ;;
     bench-stage06)

@@ -165,7 +165,7 @@ class EngineConfig:
         None,
         "largest prefill step (tokens) replayed from CUDA graphs piece by piece, attention eager "
         "between (engine/prefill_graph.py): a prompt's first token sooner. 0: off; default: every "
-        "step size on one GPU, off with --cuda-graph-max-bs 0; ignored on the CPU and under --tp",
+        "step size on one GPU, off with --cuda-graph-max-bs 0 and under --tp; ignored on the CPU",
         group=ENGINE,
         parse=positive_or_zero,
         presets=(Preset("--disable-piecewise-cuda-graph", 0, "the same as 0 (SGLang)"),),

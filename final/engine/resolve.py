@@ -143,7 +143,9 @@ def prefill_graph_tokens(config: EngineConfig, device: torch.device, budget: int
     prefill steps. FINAL_PREFILL_GRAPHS, where set, overrides the flag (the benchmarks' A/B
     switch); by default every step: a full budget plus one decode token a running request, the
     step buffers' size. Off with decode graphs off (--cuda-graph-max-bs 0, --enforce-eager: no
-    graphs at all) unless the flag asks, on the CPU and under --tp (one log line where asked)."""
+    graphs at all) unless the flag asks, and on the CPU (one log line where asked); under --tp
+    only where asked (each rank records the same pieces, NCCL's all-reduces inside them as in the
+    decode graphs; not yet measured there: benchmarks/GPU_PLAN.md)."""
     asked = override_max_tokens()
     if asked is None:
         asked = config.piecewise_cuda_graph_max_tokens
@@ -154,8 +156,8 @@ def prefill_graph_tokens(config: EngineConfig, device: torch.device, budget: int
         raise UserError(f"--piecewise-cuda-graph-max-tokens must be >= 0, got {asked}")
     if asked == 0:
         return None
-    if device.type != "cuda" or config.tp != 1:
-        log.info("piecewise prefill graphs (%d tokens) ignored: they run on one CUDA GPU", asked)
+    if device.type != "cuda":
+        log.info("piecewise prefill graphs (%d tokens) ignored: they run on CUDA GPUs", asked)
         return None
     return asked
 

@@ -107,6 +107,27 @@ def test_tp_with_the_one_shot_all_reduce_matches_tp1(gpu_tiny_dir, size, monkeyp
 
 
 @pytest.mark.parametrize("size", tp_degrees())
+def test_tp_with_piecewise_prefill_graphs_matches_tp1(gpu_tiny_dir, size, monkeypatch):
+    """Under --tp the prefill runs eagerly unless asked (engine/resolve.py): asked, every rank
+    records the same pieces, with NCCL's all-reduces inside them, and replays them."""
+    prompts = sample_prompts(gpu_tiny_dir, n=8, seed=23)
+    vocab = 512
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=vocab)
+    want = run(gpu_tiny_dir, 1, prompts, params)
+    monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "2048")  # the ranks inherit it
+    llm = gpu_llm(gpu_tiny_dir, size)
+    try:
+        assert llm.core.executor.prefill_graphs is not None, "the switch must record the pieces"
+        got = llm.generate(prompts, params, progress=False)
+        llm.core.check_integrity()
+    finally:
+        llm.close()
+        free_gpu_memory()
+    compared = assert_agree_until_near_tie(got, want, vocab, atol=KV_ATOL["auto"])
+    assert compared >= 4 * len(prompts), "the runs parted too early to show anything"
+
+
+@pytest.mark.parametrize("size", tp_degrees())
 def test_tp_matches_tp1_on_qwen3_06b_shape(qwen3_06b_dir, size):
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=QWEN3_06B_VOCAB)
     assert_tp_matches_tp1_on_qwen3_06b_shape(run, qwen3_06b_dir, size, params)

@@ -60,7 +60,8 @@ def test_on_by_default_on_one_gpu_for_every_step_size(monkeypatch):
     # One CUDA GPU only.
     assert prefill_graph_tokens(config(), CPU, 512) is None
     assert prefill_graph_tokens(config(piecewise_cuda_graph_max_tokens=512), CPU, 512) is None
-    assert prefill_graph_tokens(config(tp=2), CUDA, 8192) is None
+    assert prefill_graph_tokens(config(tp=2), CUDA, 8192) is None  # under --tp: only where asked
+    assert prefill_graph_tokens(config(tp=2, piecewise_cuda_graph_max_tokens=2048), CUDA, 8192) == 2048
     with pytest.raises(UserError, match="must be >= 0"):
         prefill_graph_tokens(config(piecewise_cuda_graph_max_tokens=-1), CUDA, 8192)
 
@@ -71,6 +72,7 @@ def test_the_environment_overrides_the_flag_both_ways(monkeypatch):
     monkeypatch.setenv(prefill_graph.ENV, "1024")
     assert prefill_graph_tokens(config(piecewise_cuda_graph_max_tokens=0), CUDA, 8192) == 1024
     assert prefill_graph_tokens(config(cuda_graph_max_bs=0), CUDA, 8192) == 1024
+    assert prefill_graph_tokens(config(tp=2), CUDA, 8192) == 1024  # the A/B under --tp
     monkeypatch.setenv(prefill_graph.ENV, "")
     assert prefill_graph.override_max_tokens() is None
     monkeypatch.setenv(prefill_graph.ENV, "lots")
