@@ -12,16 +12,21 @@ multicast (which the lent hosts forbid; FlashInfer's TensorRT-LLM all-reduce wor
 by default).
 
 `FINAL_CUSTOM_ALL_REDUCE=1` turns it on for the engine's ranks (one node, CUDA, 2, 4, 6 or 8
-ranks); tensors up to MAX_BYTES take it, larger ones NCCL. Inside a CUDA graph each call is
-recorded against this rank's copy buffer, whose peers' addresses are filled in after capture
-(`register_graphs`, on every rank, after every capture). Off until measured on GPUs
-(benchmarks/GPU_PLAN.md); the GPU test compares TP with it against TP=1.
+ranks); tensors up to MAX_BYTES take it, larger ones NCCL. Outside a graph a call copies its
+tensor into this rank's shared buffer first. Inside a CUDA graph it reads the tensor where the
+graph keeps it, and the peers' addresses of every such call are filled in after capture
+(`register_graphs`, on every rank, after the last capture; the graphs' memory must then stay
+allocated while the handle lives, which is why the graphs measured and dropped before the KV
+cache is sized run NCCL: `paused`). Off until measured on GPUs (benchmarks/GPU_PLAN.md); the GPU
+test compares TP with it against TP=1.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -61,17 +66,30 @@ class OneShotAllReduce:
         self.rank_data = torch.empty(RANK_DATA_BYTES, dtype=torch.uint8, device=device)
         self.handle = vllm_ar.init_custom_ar(self.meta, self.rank_data, rank, True)
         vllm_ar.register_buffer(self.handle, self.buffers)
+        self.on = True
 
     def fits(self, x: torch.Tensor) -> bool:
         nbytes = x.numel() * x.element_size()
-        return x.dtype in DTYPES and x.is_contiguous() and 0 < nbytes <= self.max_bytes and nbytes % 16 == 0
+        sizes = x.dtype in DTYPES and x.is_contiguous() and 0 < nbytes <= self.max_bytes and nbytes % 16 == 0
+        return self.on and sizes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The sum of every rank's `x`, in a new tensor (`x` is copied into this rank's buffer first,
-        so any tensor that `fits` will do)."""
+        """The sum of every rank's `x`, in a new tensor."""
         out = torch.empty_like(x)
-        self.ar.all_reduce(self.handle, x, out, self.buffers[self.rank], self.max_bytes, CTAS)
+        if torch.cuda.is_current_stream_capturing():  # `x` stays where the graph keeps it
+            self.ar.all_reduce(self.handle, x, out, 0, 0, CTAS)
+        else:  # copied into this rank's shared buffer, which the peers have mapped
+            self.ar.all_reduce(self.handle, x, out, self.buffers[self.rank], self.max_bytes, CTAS)
         return out
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """NCCL for every all-reduce inside the block (graphs captured only to be measured)."""
+        self.on = False
+        try:
+            yield
+        finally:
+            self.on = True
 
     def register_graphs(self) -> None:
         """After a capture, on every rank: the graphs' calls learn their peers' addresses."""

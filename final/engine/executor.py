@@ -111,6 +111,15 @@ class Executor:
         attention state took, whether the decode graphs could be captured, whether the prefill
         graphs could). The KV cache is then sized without that memory, so the graphs fit inside
         --memory-ratio."""
+        one_shot = self.tp.one_shot
+        if one_shot is not None:  # its graph calls must live as long as its handle: NCCL here
+            with one_shot.paused():
+                return self._measure_graphs_now(max_batch, prefill_tokens)
+        return self._measure_graphs_now(max_batch, prefill_tokens)
+
+    def _measure_graphs_now(
+        self, max_batch: int | None, prefill_tokens: int | None
+    ) -> tuple[int, bool, bool]:
         runner = self.runner
         torch.cuda.synchronize(self.device)
         free_before, _ = torch.cuda.mem_get_info(self.device)

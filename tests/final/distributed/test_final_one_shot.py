@@ -27,7 +27,7 @@ def test_only_the_switch_on_one_node_of_gpus_at_a_degree_the_kernel_takes_builds
 
 def unbuilt(max_bytes: int = 1024) -> one_shot.OneShotAllReduce:
     fast = object.__new__(one_shot.OneShotAllReduce)  # no GPU, no FlashInfer: the rule alone
-    fast.max_bytes = max_bytes
+    fast.max_bytes, fast.on = max_bytes, True
     return fast
 
 
@@ -40,6 +40,9 @@ def test_a_tensor_fits_when_its_dtype_layout_and_size_suit_the_kernel():
     assert not fast.fits(torch.zeros(8, 8, dtype=torch.int32))  # a dtype the kernel lacks
     assert not fast.fits(torch.zeros(8, 16, dtype=torch.bfloat16).t())  # not contiguous
     assert not fast.fits(torch.zeros(0, dtype=torch.bfloat16))
+    with fast.paused():  # graphs captured only to be measured: NCCL, whatever fits
+        assert not fast.fits(torch.zeros(4, dtype=torch.float32))
+    assert fast.fits(torch.zeros(4, dtype=torch.float32))
 
 
 class FakeOneShot:
