@@ -28,6 +28,22 @@ def comma_list(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
+TOOL_CALL_PARSERS = {"hermes": "hermes", "qwen25": "hermes", "qwen": "hermes"}  # SGLang: qwen25
+
+
+def tool_call_parser(text: str) -> str:
+    """--tool-call-parser: the one format final/ reads (server/tools.py), under vLLM's and SGLang's
+    names; another is refused with what still works."""
+    name = text.strip().lower()
+    if name not in TOOL_CALL_PARSERS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: final/ reads tool calls written as Hermes-style <tool_call> blocks (Qwen2.5 and "
+            "Qwen3, Hermes): hermes (qwen25, qwen); a model that writes its calls otherwise still calls "
+            "tools under tool_choice 'required' or a named function, which a grammar enforces"
+        )
+    return TOOL_CALL_PARSERS[name]
+
+
 def public_paths(text: str) -> tuple[str, ...]:
     if text.strip().lower() == "none":
         return ()
@@ -58,6 +74,18 @@ class ServeOptions:
         "written",
         group=MODEL,
         choices=("qwen3", "deepseek_r1", "deepseek-r1"),  # the last: SGLang's spelling
+    )
+    tool_call_parser: str = option(
+        "hermes",
+        "how tool calls are read from a chat answer under tool_choice auto: hermes, <tool_call> "
+        "blocks (Qwen2.5 and Qwen3, Hermes; SGLang's qwen25 is the same), the one format read",
+        group=MODEL,
+        parse=tool_call_parser,
+    )
+    enable_auto_tool_choice: bool = option(
+        False,
+        "accepted as vLLM takes it; tool_choice auto is on here for every request with tools",
+        group=MODEL,
     )
     temperature: float | None = option(
         None,

@@ -188,10 +188,21 @@ def test_vllm_and_sglang_flag_spellings_set_our_fields(argv, field, value):
         (["--chat-template", "t.jinja"], "chat_template", "t.jinja"),  # vLLM
         (["--disable-log-requests"], "disable_log_requests", True),  # vLLM
         (["--served-model-name", "m"], "served_model_name", "m"),  # both, as ours
+        (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"], "tool_call_parser", "hermes"),  # vLLM
+        (["--enable-auto-tool-choice"], "enable_auto_tool_choice", True),
+        (["--tool-call-parser", "qwen25"], "tool_call_parser", "hermes"),  # SGLang's name for it
     ],
 )
 def test_vllm_server_flags(argv, field, value):
     assert getattr(parse_args(argv).options, field) == value
+
+
+def test_a_tool_call_format_final_does_not_read_is_refused_with_what_still_works(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--tool-call-parser", "llama3_json"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Hermes-style <tool_call> blocks" in err and "tool_choice 'required' or a named function" in err
 
 
 def test_the_same_spellings_as_llm_keywords():
