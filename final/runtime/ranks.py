@@ -247,8 +247,8 @@ class RankGroup:
                     log.warning("tensor-parallel rank %d (pid %d) did not exit; killing it", rank, proc.pid)
                 proc.kill()
                 proc.wait()
-        if not clean:  # after a loss: the ranks are gone, and the groups are aborted, not left together
-            self._leave_groups(abort=self.failure is not None)
+        if not clean:  # the ranks are gone (lost, or killed above): nobody to leave together with
+            self._leave_groups(abort=True)
         self.store = None  # the rendezvous server stops: ranks of other nodes still waiting exit
 
     def _leave_groups(self, abort: bool) -> None:
