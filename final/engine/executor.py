@@ -15,6 +15,7 @@ pool, so what they take (the graphs' memory and the attention state) is measured
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from collections.abc import Callable
@@ -111,31 +112,26 @@ class Executor:
         attention state took, whether the decode graphs could be captured, whether the prefill
         graphs could). The KV cache is then sized without that memory, so the graphs fit inside
         --memory-ratio."""
-        one_shot = self.tp.one_shot
-        if one_shot is not None:  # its graph calls must live as long as its handle: NCCL here
-            with one_shot.paused():
-                return self._measure_graphs_now(max_batch, prefill_tokens)
-        return self._measure_graphs_now(max_batch, prefill_tokens)
-
-    def _measure_graphs_now(
-        self, max_batch: int | None, prefill_tokens: int | None
-    ) -> tuple[int, bool, bool]:
         runner = self.runner
         torch.cuda.synchronize(self.device)
         free_before, _ = torch.cuda.mem_get_info(self.device)
         runner.build(1)
         decode_ok = prefill_ok = False
         kept = []  # alive until measured: each holds its graphs' memory pool and static buffers
-        if max_batch:
-            reason = runner.backend.graph_unsupported_reason(max_batch)
-            if reason is not None:
-                log.info("CUDA graphs off, decode steps run eagerly: %s", reason)
-            else:
-                kept.append(GraphRunner(runner, max_batch))
-                decode_ok = True
-        if prefill_tokens:
-            kept.append(maybe_prefill_graphs(runner, prefill_tokens, largest_only=True))
-            prefill_ok = kept[-1] is not None
+        # The one-shot all-reduce's graph calls must live as long as its handle: these graphs,
+        # dropped once measured, run NCCL (distributed/one_shot.py).
+        one_shot = self.tp.one_shot
+        with one_shot.paused() if one_shot is not None else contextlib.nullcontext():
+            if max_batch:
+                reason = runner.backend.graph_unsupported_reason(max_batch)
+                if reason is not None:
+                    log.info("CUDA graphs off, decode steps run eagerly: %s", reason)
+                else:
+                    kept.append(GraphRunner(runner, max_batch))
+                    decode_ok = True
+            if prefill_tokens:
+                kept.append(maybe_prefill_graphs(runner, prefill_tokens, largest_only=True))
+                prefill_ok = kept[-1] is not None
         taken = 0
         if decode_ok or prefill_ok:
             torch.cuda.synchronize(self.device)
