@@ -216,12 +216,9 @@ class FlashInferBackend(AttentionBackend):
         return (short,) if short == long else (short, long)
 
     def graph_variant(self, batch: ForwardBatch) -> bool:
-        context = mean_context(batch)
-        if self.use_tensor_cores(batch.size, context):
-            return True
-        # The spread, a pass over the rows, only where a bound on it can change the kernel.
-        spread_counts = tensor_core_bounds()[2] is not None
-        return spread_counts and self.use_tensor_cores(batch.size, context, context_spread(batch.seq_lens))
+        # The spread, a pass over the rows, only where a bound on it is set.
+        spread = context_spread(batch.seq_lens) if tensor_core_bounds()[2] is not None else 0.0
+        return self.use_tensor_cores(batch.size, mean_context(batch), spread)
 
     def _decode_wrapper(self, tensor_cores: bool):
         if tensor_cores not in self.decode_wrappers:
