@@ -82,19 +82,19 @@ def test_tp_matches_tp1_on_a_tiny_model(gpu_tiny_dir, size, kv_cache_dtype):
     assert compared >= 4 * len(prompts), "the runs parted too early to show anything"
 
 
-@pytest.mark.parametrize("size", tp_degrees())
-def test_tp_with_the_one_shot_all_reduce_matches_tp1(gpu_tiny_dir, size, monkeypatch):
-    """FINAL_CUSTOM_ALL_REDUCE=1 (final/distributed/one_shot.py): the small all-reduces, eager and
-    inside the decode graphs and prefill pieces, go through FlashInfer's one-shot kernel over
-    NVLink; the answers must be TP=1's as with NCCL, and every rank's engine must close."""
-    prompts = sample_prompts(gpu_tiny_dir, n=8, seed=22)
+def assert_a_switch_keeps_tp1s_answers(
+    model_dir, size, monkeypatch, env: str, value: str, in_effect, seed: int
+):
+    """TP with `env`=`value` (the ranks inherit it) against TP=1 without: the switch in effect
+    (`in_effect(llm)`), TP=1's answers, and every rank gone on rank 0's word."""
+    prompts = sample_prompts(model_dir, n=8, seed=seed)
     vocab = 512
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=vocab)
-    want = run(gpu_tiny_dir, 1, prompts, params)
-    monkeypatch.setenv("FINAL_CUSTOM_ALL_REDUCE", "1")  # the ranks inherit it
-    llm = gpu_llm(gpu_tiny_dir, size)
+    want = run(model_dir, 1, prompts, params)
+    monkeypatch.setenv(env, value)
+    llm = gpu_llm(model_dir, size)
     try:
-        assert llm.core.ranks.tp.one_shot is not None, "the switch must build the one-shot all-reduce"
+        assert in_effect(llm), f"{env}={value} must take effect"
         got = llm.generate(prompts, params, progress=False)
         llm.core.check_integrity()
     finally:
@@ -107,24 +107,24 @@ def test_tp_with_the_one_shot_all_reduce_matches_tp1(gpu_tiny_dir, size, monkeyp
 
 
 @pytest.mark.parametrize("size", tp_degrees())
+def test_tp_with_the_one_shot_all_reduce_matches_tp1(gpu_tiny_dir, size, monkeypatch):
+    """FINAL_CUSTOM_ALL_REDUCE=1 (final/distributed/one_shot.py): the small all-reduces, eager and
+    inside the decode graphs and prefill pieces, go through FlashInfer's one-shot kernel over
+    NVLink; the answers must be TP=1's as with NCCL, and every rank's engine must close."""
+    assert_a_switch_keeps_tp1s_answers(
+        gpu_tiny_dir, size, monkeypatch, "FINAL_CUSTOM_ALL_REDUCE", "1",
+        lambda llm: llm.core.ranks.tp.one_shot is not None, seed=22,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("size", tp_degrees())
 def test_tp_with_piecewise_prefill_graphs_matches_tp1(gpu_tiny_dir, size, monkeypatch):
     """Under --tp the prefill runs eagerly unless asked (engine/resolve.py): asked, every rank
     records the same pieces, with NCCL's all-reduces inside them, and replays them."""
-    prompts = sample_prompts(gpu_tiny_dir, n=8, seed=23)
-    vocab = 512
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=vocab)
-    want = run(gpu_tiny_dir, 1, prompts, params)
-    monkeypatch.setenv("FINAL_PREFILL_GRAPHS", "2048")  # the ranks inherit it
-    llm = gpu_llm(gpu_tiny_dir, size)
-    try:
-        assert llm.core.executor.prefill_graphs is not None, "the switch must record the pieces"
-        got = llm.generate(prompts, params, progress=False)
-        llm.core.check_integrity()
-    finally:
-        llm.close()
-        free_gpu_memory()
-    compared = assert_agree_until_near_tie(got, want, vocab, atol=KV_ATOL["auto"])
-    assert compared >= 4 * len(prompts), "the runs parted too early to show anything"
+    assert_a_switch_keeps_tp1s_answers(
+        gpu_tiny_dir, size, monkeypatch, "FINAL_PREFILL_GRAPHS", "2048",
+        lambda llm: llm.core.executor.prefill_graphs is not None, seed=23,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("size", tp_degrees())
