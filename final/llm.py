@@ -23,6 +23,7 @@ that add requests while others run.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from tqdm import tqdm
 
 from .core.config import EngineConfig
 from .core.errors import UserError
+from .core.heap import freeze_startup_heap
 from .core.model_config import ModelConfig
 from .core.outputs import RequestOutput
 from .core.sampling_params import SamplingParams
@@ -86,11 +88,16 @@ class LLM:
         self.groups: dict[int, _Group] = {}  # request id (its first engine request's) -> its group
         self.group_of: dict[int, int] = {}  # engine request id -> request id
         self.next_rid = 0
+        # As each server process does (core/heap.py): the model, its graphs and the tokenizer are
+        # never garbage, so a full collection during generate() need not stop the loop to walk
+        # them; close() hands them back to the collector.
+        freeze_startup_heap("offline LLM")
 
     def close(self) -> None:
         """Stop the engine's other processes (the tensor-parallel ranks under tp > 1); dropping the
         LLM, or the interpreter's exit, does it too. `with LLM(...) as llm:` closes at the end."""
         self.core.close()
+        gc.unfreeze()  # what __init__ froze (the caller's objects of then too) may be collected again
 
     def __enter__(self) -> LLM:
         return self

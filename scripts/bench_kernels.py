@@ -339,6 +339,45 @@ def bench_step_metadata(report: Report, s: Setup) -> None:
                 timed(lambda: step_metadata.torch_kv_indices(table, rows, seq_lens, page_size, total)),  # noqa: B023
             )
 
+    bench_step_inputs(report, s)
+
+
+def bench_step_inputs(report: Report, s: Setup) -> None:
+    """An eager step's positions, slots and table tokens (runner.prepare): one kernel against the
+    torch ops it replaced, host time included (prepare runs eagerly): a batch-1 prefill of 512 and
+    8,192 tokens, and a mixed step of a 2,048-token chunk beside 255 decoding requests."""
+    page_size, width = 16, 1024
+    for name, query in (
+        ("prefill512", [512]),
+        ("prefill8192", [8192]),
+        ("mixed2048_b256", [2048] + [1] * 255),
+    ):
+        query = query if s.device == "cuda" else [max(1, q // 64) for q in query[:8]]  # --smoke
+        batch = len(query)
+        table = torch.randperm((batch + 1) * width, device=s.device).view(batch + 1, width).to(torch.int32)
+        tokens = torch.randint(0, s.vocab, (batch + 1,), device=s.device, dtype=torch.int32)
+        rows = torch.randperm(batch, device=s.device).to(torch.int32)
+        query_lens = torch.tensor(query, device=s.device, dtype=torch.int32)
+        seq_lens = query_lens + torch.randint(0, 4096, (batch,), device=s.device, dtype=torch.int32)
+        from_table = (query_lens == 1).to(torch.int32)
+        total = sum(query)
+        host_ids = torch.randint(0, s.vocab, (total,), device=s.device, dtype=torch.int32)
+        got = [
+            host_ids.clone(),
+            *(torch.full((total,), -7, device=s.device, dtype=torch.int32) for _ in range(2)),
+        ]
+        want = [host_ids.clone(), *(torch.empty(total, device=s.device, dtype=torch.int32) for _ in range(2))]
+        args = (tokens, table, rows, query_lens, seq_lens, from_table, page_size)
+        step_metadata.step_inputs(*args, *got, max(query))
+        step_metadata.torch_step_inputs(*args, *want)
+        report.check(f"step_inputs {name}", all(torch.equal(g, w) for g, w in zip(got, want, strict=True)))
+        report.time(
+            "step_inputs",
+            name,
+            timed(lambda: step_metadata.step_inputs(*args, *got, max(query)), graph=False),  # noqa: B023
+            timed(lambda: step_metadata.torch_step_inputs(*args, *want), graph=False),  # noqa: B023
+        )
+
 
 # Decode contexts: (shortest, longest) KV tokens a row, lengths drawn evenly between. The even ones
 # are the kernel table's kind of step (every row one length); the uneven ones are spread like the

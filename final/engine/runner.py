@@ -118,12 +118,11 @@ class ModelRunner:
         ends = list(accumulate(step.query_lens))
         sampled = [i for i, s in enumerate(step.sampled) if s]
         last = [ends[i] - 1 for i in sampled]
-        # Requests whose one token is in the token table: where it goes in [T], and which request.
-        picks = [i for i, from_table in enumerate(step.from_table) if from_table]
-        where = [ends[i] - 1 for i in picks]
-        s, d = len(sampled), len(picks)
-        layout = step.rows + step.query_lens + step.seq_lens + last + sampled + where + picks + step.input_ids
-        parts = torch.split(self._send(layout), [b, b, b, s, s, d, d, t])
+        s = len(sampled)
+        layout = (
+            step.rows + step.query_lens + step.seq_lens + last + sampled + step.from_table + step.input_ids
+        )
+        parts = torch.split(self._send(layout), [b, b, b, s, s, b, t])
         rows, query_lens, seq_lens = buf.rows[:b], buf.query_lens[:b], buf.seq_lens[:b]
         rows.copy_(parts[0])
         query_lens.copy_(parts[1])
@@ -131,20 +130,23 @@ class ModelRunner:
         buf.last_token_index[:s].copy_(parts[3])
         torch.index_select(rows, 0, parts[4], out=buf.sampled_rows[:s])
         input_ids, positions, out_slots = buf.input_ids[:t], buf.positions[:t], buf.out_slots[:t]
-        input_ids.copy_(parts[7])
+        input_ids.copy_(parts[6])
         self.page_table.flush()
-        if not step.is_prefill:  # one token each: token i is request i's
-            torch.sub(seq_lens, 1, out=positions)
-            token_rows = rows
-        else:
-            owner = torch.repeat_interleave(torch.arange(b, device=self.device), query_lens, output_size=t)
-            starts = torch.cumsum(query_lens, 0) - query_lens  # each request's first token in [T]
-            first_position = seq_lens - query_lens
-            positions.copy_(first_position[owner] + torch.arange(t, device=self.device) - starts[owner])
-            token_rows = rows[owner]
-        if d:  # a decoding request's token is the one it sampled last: read it from the table
-            input_ids[parts[5]] = self.token_table[rows[parts[6]]]
-        out_slots.copy_(self.page_table.slots(token_rows, positions, self.page_size))
+        # Positions, slots, and a decoding request's token from the table: one kernel on a GPU
+        # (kernels/step_metadata.py), where the torch ops it replaces were a dozen launches.
+        step_metadata.step_inputs(
+            self.token_table,
+            self.page_table.table,
+            rows,
+            query_lens,
+            seq_lens,
+            parts[5],
+            self.page_size,
+            input_ids,
+            positions,
+            out_slots,
+            max(step.query_lens),
+        )
         return ForwardBatch(
             is_prefill=step.is_prefill,
             query_lens=step.query_lens,

@@ -34,3 +34,28 @@ def test_the_startup_heap_leaves_the_collectors_scans_and_a_full_collection_gets
     assert got["tracked_after"] < 1_000  # ... and the oldest generation is all but empty
     assert got["after"] < got["before"] / 10  # a full collection walks only what came since
     assert "child: " in done.stderr and "start-up objects frozen" in done.stderr  # the one log line
+
+
+LLM_CHILD = """
+import gc, json, sys
+from final import LLM
+llm = LLM(sys.argv[1], device="cpu", dtype="float32")
+frozen = gc.get_freeze_count()
+llm.close()
+print(json.dumps({"frozen": frozen, "after_close": gc.get_freeze_count()}))
+"""
+
+
+def test_the_offline_llm_freezes_its_startup_heap_until_it_closes(tiny_qwen3_dir):
+    """LLM() freezes what start-up made, as each server process does; close() unfreezes it."""
+    done = subprocess.run(
+        [sys.executable, "-c", LLM_CHILD, str(tiny_qwen3_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["frozen"] > 10_000  # torch, the model, the tokenizer
+    assert got["after_close"] == 0

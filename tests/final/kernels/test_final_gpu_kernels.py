@@ -313,6 +313,32 @@ def test_step_metadata_kernels_match_their_references(page_size, batch):
     assert (out[total:] == -7).all()
 
 
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("batch", [1, 9, 256])
+def test_step_inputs_kernel_matches_its_reference(page_size, batch):
+    """An eager step's positions, slots and table tokens (a prefill's or a mixed step's), one kernel
+    against torch_step_inputs: requests of 1 to 3,000 tokens (decoding ones among them, half of
+    those reading their token from the table), random distinct pages, outputs poisoned."""
+    torch.manual_seed(batch * 7 + page_size)
+    width, rows_total = 4096 // page_size + 1, batch + 1
+    table = torch.randperm(rows_total * width, device="cuda").view(rows_total, width).to(torch.int32)
+    tokens = torch.randint(0, 150_000, (rows_total,), device="cuda", dtype=torch.int32)
+    rows = torch.randperm(rows_total - 1, device="cuda")[:batch].to(torch.int32)
+    query_lens = torch.randint(1, 3001, (batch,), device="cuda", dtype=torch.int32)
+    query_lens[torch.rand(batch, device="cuda") < 0.5] = 1
+    seq_lens = query_lens + torch.randint(0, 1000, (batch,), device="cuda", dtype=torch.int32)
+    from_table = ((query_lens == 1) & (torch.rand(batch, device="cuda") < 0.5)).to(torch.int32)
+    total = int(query_lens.sum())
+    host_ids = torch.randint(0, 150_000, (total,), device="cuda", dtype=torch.int32)
+    got = [host_ids.clone(), *(torch.full((total,), -7, device="cuda", dtype=torch.int32) for _ in range(2))]
+    want = [host_ids.clone(), *(torch.empty(total, device="cuda", dtype=torch.int32) for _ in range(2))]
+    args = (tokens, table, rows, query_lens, seq_lens, from_table, page_size)
+    step_metadata.step_inputs(*args, *got, int(query_lens.max()))
+    step_metadata.torch_step_inputs(*args, *want)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
 @pytest.mark.parametrize("shape", [(1024, 2048), (1024, 3072), (4096, 1024), (6144, 1024), (151936, 1024)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
 def test_gemv_matches_f_linear(shape, m):

@@ -227,6 +227,66 @@ def test_step_metadata_references_agree_with_a_loop():
     assert step_metadata.torch_kv_indices(table, rows, seq_lens, 16, len(pages)).tolist() == pages
 
 
+def random_mixed_step(batch: int, page_size: int, seed: int):
+    """A step of `batch` requests on the tables of random_step_tables: each computes a random number
+    of tokens (a third of them one, as decoding requests do) ending at its length, half of those one-token requests
+    reading their token from the table; the host's tokens are random."""
+    table, tokens, rows, seq_lens = random_step_tables(batch, page_size, 0, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    query_lens = torch.minimum(torch.randint(1, 40, (batch,), generator=gen, dtype=torch.int32), seq_lens)
+    query_lens[torch.rand(batch, generator=gen) < 1 / 3] = 1
+    from_table = ((query_lens == 1) & (torch.rand(batch, generator=gen) < 0.5)).to(torch.int32)
+    host_ids = torch.randint(0, 50_000, (int(query_lens.sum()),), generator=gen, dtype=torch.int32)
+    return table, tokens, rows, query_lens, seq_lens, from_table, host_ids
+
+
+@interpreted
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("batch", [1, 4, 11])
+def test_step_inputs_kernel_matches_its_reference(page_size, batch):
+    """An eager step's positions, slots and table tokens, one kernel (blocks of 8 tokens, so a
+    request spans several) against the torch ops of torch_step_inputs; outputs poisoned."""
+    table, tokens, rows, query_lens, seq_lens, from_table, host_ids = random_mixed_step(batch, page_size, batch + page_size)  # fmt: skip
+    total = host_ids.shape[0]
+    got = [
+        host_ids.clone(),
+        torch.full((total,), -7, dtype=torch.int32),
+        torch.full((total,), -7, dtype=torch.int32),
+    ]
+    want = [host_ids.clone(), torch.empty(total, dtype=torch.int32), torch.empty(total, dtype=torch.int32)]
+    step_metadata._jit()[2][(batch, -(-int(query_lens.max()) // 8))](
+        tokens, table, rows, query_lens, seq_lens, from_table, *got, table.stride(0),
+        PAGE_SIZE=page_size, BLOCK_ROWS=16, BLOCK=8,
+    )  # fmt: skip
+    step_metadata.torch_step_inputs(tokens, table, rows, query_lens, seq_lens, from_table, page_size, *want)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_step_inputs_reference_agrees_with_a_loop():
+    """torch_step_inputs against its definition written as a Python loop."""
+    table, tokens, rows, query_lens, seq_lens, from_table, host_ids = random_mixed_step(9, 16, seed=5)
+    assert from_table.any() and (query_lens > 1).any()  # the case has both kinds of request
+    total = host_ids.shape[0]
+    ids, positions, slots = (
+        host_ids.clone(),
+        torch.empty(total, dtype=torch.int32),
+        torch.empty(total, dtype=torch.int32),
+    )
+    step_metadata.torch_step_inputs(
+        tokens, table, rows, query_lens, seq_lens, from_table, 16, ids, positions, slots
+    )
+    t = 0
+    for row, q, length, picked in zip(rows.tolist(), query_lens.tolist(), seq_lens.tolist(), from_table.tolist(), strict=True):  # fmt: skip
+        for position in range(length - q, length):
+            assert positions[t] == position
+            assert slots[t] == table[row, position // 16] * 16 + position % 16
+            last_from_table = picked and position == length - 1
+            assert ids[t] == (tokens[row] if last_from_table else host_ids[t])
+            t += 1
+    assert t == total
+
+
 @interpreted
 def test_gumbel_max_draws_the_softmax_of_logits_over_temperature(monkeypatch):
     """1,000 rows, each one draw of the same 8 bf16 logits at temperature 0.7: the frequencies are
@@ -362,7 +422,15 @@ def test_bench_kernels_smoke_run_checks_everything_and_writes_a_valid_result(tmp
     parse_result(data, out.name)
     assert data["checks"] and all(check["ok"] for check in data["checks"])
     kernels = {row["kernel"] for row in data["rows"]}
-    assert kernels == {"kv_write", "fused_norm_rope_kv", "sampling", "gemv", "decode_inputs", "kv_indices"}
+    assert kernels == {
+        "kv_write",
+        "fused_norm_rope_kv",
+        "sampling",
+        "gemv",
+        "decode_inputs",
+        "kv_indices",
+        "step_inputs",
+    }
 
 
 @compiled
@@ -373,7 +441,12 @@ def test_bench_kernels_only_runs_the_parts_asked(tmp_path):
     run = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=900)  # fmt: skip
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert {row["kernel"] for row in data["rows"]} == {"kv_write", "decode_inputs", "kv_indices"}
+    assert {row["kernel"] for row in data["rows"]} == {
+        "kv_write",
+        "decode_inputs",
+        "kv_indices",
+        "step_inputs",
+    }
 
 
 def test_the_decode_attention_bench_lays_out_each_row_s_pages():
@@ -418,7 +491,7 @@ def test_kernels_compile_for_hopper():
         for heads, norm, cache, pdl in ((1, True, "bf16", True), (4, False, "fp8e4nv", False))
     ]  # fmt: skip
     fused_pdl, fused_plain = kernels[-2:]
-    decode_inputs, kv_indices = step_metadata._jit()
+    decode_inputs, kv_indices, step_inputs = step_metadata._jit()
     kernels += [
         compile_for_hopper(
             decode_inputs,
@@ -432,6 +505,13 @@ def test_kernels_compile_for_hopper():
             {"page_table": "*i32", "rows": "*i32", "seq_lens": "*i32", "out": "*i32", "table_stride": "i32",
              "size": "i32", "PAGE_SIZE": const, "BLOCK_ROWS": const, "BLOCK_PAGES": const},
             {"PAGE_SIZE": 1, "BLOCK_ROWS": step_metadata.KV_ROWS_BLOCK, "BLOCK_PAGES": step_metadata.PAGES_BLOCK},
+        ),
+        compile_for_hopper(
+            step_inputs,
+            {"token_table": "*i32", "page_table": "*i32", "rows": "*i32", "query_lens": "*i32", "seq_lens": "*i32",
+             "from_table": "*i32", "input_ids": "*i32", "positions": "*i32", "out_slots": "*i32",
+             "table_stride": "i32", "PAGE_SIZE": const, "BLOCK_ROWS": const, "BLOCK": const},
+            {"PAGE_SIZE": 16, "BLOCK_ROWS": step_metadata.KV_ROWS_BLOCK, "BLOCK": step_metadata.TOKENS_BLOCK},
         ),
     ]  # fmt: skip
     gemvs = [
