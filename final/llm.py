@@ -23,7 +23,6 @@ that add requests while others run.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +31,7 @@ from tqdm import tqdm
 
 from .core.config import EngineConfig
 from .core.errors import UserError
-from .core.heap import freeze_startup_heap
+from .core.heap import heap_frozen
 from .core.model_config import ModelConfig
 from .core.outputs import RequestOutput
 from .core.sampling_params import SamplingParams
@@ -88,16 +87,11 @@ class LLM:
         self.groups: dict[int, _Group] = {}  # request id (its first engine request's) -> its group
         self.group_of: dict[int, int] = {}  # engine request id -> request id
         self.next_rid = 0
-        # As each server process does (core/heap.py): the model, its graphs and the tokenizer are
-        # never garbage, so a full collection during generate() need not stop the loop to walk
-        # them; close() hands them back to the collector.
-        freeze_startup_heap("offline LLM")
 
     def close(self) -> None:
         """Stop the engine's other processes (the tensor-parallel ranks under tp > 1); dropping the
         LLM, or the interpreter's exit, does it too. `with LLM(...) as llm:` closes at the end."""
         self.core.close()
-        gc.unfreeze()  # what __init__ froze (the caller's objects of then too) may be collected again
 
     def __enter__(self) -> LLM:
         return self
@@ -237,23 +231,27 @@ class LLM:
         results: list[RequestOutput | None] = [None] * len(batch)
         remaining = len(batch)  # counted, not searched for among the results at every step
         bar_class = use_tqdm if callable(use_tqdm) else tqdm
-        try:
-            for i, one in enumerate(prepared):
-                order[self._queue(one)] = i
-            # disable=None: a bar on a terminal, nothing in logs and pipes.
-            with bar_class(
-                total=len(batch), disable=None if use_tqdm else True, desc="generate", unit="req"
-            ) as bar:
-                while remaining:
-                    for request_id, out in self.step():
-                        if request_id in order:
-                            results[order[request_id]] = out
-                            remaining -= 1
-                            bar.update(1)
-        except BaseException:  # an error, or Ctrl-C: this call's requests must not linger in the engine
-            for request_id in order:
-                self.abort(request_id)
-            raise
+        # What exists when the run starts (the model, its graphs, the caller's objects) is left out
+        # of full garbage collections until it ends: such a collection walks every object alive and
+        # stops the step loop while it does (core/heap.py).
+        with heap_frozen():
+            try:
+                for i, one in enumerate(prepared):
+                    order[self._queue(one)] = i
+                # disable=None: a bar on a terminal, nothing in logs and pipes.
+                with bar_class(
+                    total=len(batch), disable=None if use_tqdm else True, desc="generate", unit="req"
+                ) as bar:
+                    while remaining:
+                        for request_id, out in self.step():
+                            if request_id in order:
+                                results[order[request_id]] = out
+                                remaining -= 1
+                                bar.update(1)
+            except BaseException:  # an error, or Ctrl-C: this call's requests must not linger in the engine
+                for request_id in order:
+                    self.abort(request_id)
+                raise
         return results  # type: ignore[return-value]
 
     def chat(

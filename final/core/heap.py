@@ -17,6 +17,11 @@ allocated since. Each process of the server calls `freeze_startup_heap` once, wh
 to serve: the API process, the detokenizer process, the engine process and each tensor-parallel
 rank (runtime/worker.py). Cycles among the frozen objects are never collected; start-up makes few,
 and a `gc.collect()` first frees those it has.
+
+The offline `LLM` runs in its caller's process, which may drop an engine (a cycle of graphs and
+backend holding GPU memory) and build another: a freeze for the process's life would keep the
+dropped one's memory forever. `heap_frozen` freezes for one `generate` call instead and
+unfreezes at its end: no collection walks the engine during the run, and nothing stays frozen.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -55,3 +62,18 @@ def freeze_startup_heap(process: str) -> FrozenHeap:
         heap.collect_after_ms,
     )
     return heap
+
+
+@contextmanager
+def heap_frozen() -> Iterator[None]:
+    """Everything alive now out of full collections until the block ends (gc.freeze and
+    gc.unfreeze move lists, not objects: both take microseconds). In a process that froze its
+    heap already (a server process) it does nothing: unfreezing would undo that freeze."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -3,9 +3,11 @@ process: freezing pytest's own heap would outlive the test)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
+import weakref
 
 from tests import ROOT
 
@@ -36,26 +38,26 @@ def test_the_startup_heap_leaves_the_collectors_scans_and_a_full_collection_gets
     assert "child: " in done.stderr and "start-up objects frozen" in done.stderr  # the one log line
 
 
-LLM_CHILD = """
-import gc, json, sys
-from final import LLM
-llm = LLM(sys.argv[1], device="cpu", dtype="float32")
-frozen = gc.get_freeze_count()
-llm.close()
-print(json.dumps({"frozen": frozen, "after_close": gc.get_freeze_count()}))
-"""
+def test_the_offline_llm_freezes_the_heap_for_one_run_and_holds_nothing_after(tiny_qwen3_dir):
+    """LLM.generate runs with the heap frozen (core/heap.py heap_frozen) and unfreezes it at the end:
+    an LLM dropped afterwards, without close(), is collected (a freeze for the process's life kept a
+    dropped engine, and its GPU memory, forever)."""
+    from final import LLM, SamplingParams
 
+    llm = LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32")
+    frozen_during: list[int] = []
 
-def test_the_offline_llm_freezes_its_startup_heap_until_it_closes(tiny_qwen3_dir):
-    """LLM() freezes what start-up made, as each server process does; close() unfreezes it."""
-    done = subprocess.run(
-        [sys.executable, "-c", LLM_CHILD, str(tiny_qwen3_dir)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    def counting_step(step=llm.step):
+        frozen_during.append(gc.get_freeze_count())
+        return step()
+
+    llm.step = counting_step
+    llm.generate(
+        ["Hello", "Hi"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["frozen"] > 10_000  # torch, the model, the tokenizer
-    assert got["after_close"] == 0
+    assert frozen_during and min(frozen_during) > 10_000  # torch, the model, the tokenizer
+    assert gc.get_freeze_count() == 0
+    engine = weakref.ref(llm.core)
+    del llm, counting_step
+    gc.collect()
+    assert engine() is None
