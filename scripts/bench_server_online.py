@@ -131,6 +131,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--port", type=int, default=19190)
     p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the server")
+    p.add_argument(
+        "--server-log",
+        type=Path,
+        default=None,
+        help="keep the server's output here (else a temporary file, whose end is printed if it dies)",
+    )
     return p.parse_args(argv)
 
 
@@ -143,20 +149,35 @@ def main(argv: list[str] | None = None, command: list[str] | None = None) -> int
         return 2
     cmd = command or server_command(args.engine, args.model, args.port, final_args=args.final_args)
     print(f"[bench_server_online] {' '.join(cmd)}", file=sys.stderr, flush=True)
-    with tempfile.TemporaryFile("w+") as log:
+    if args.server_log:
+        args.server_log.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.server_log, "w+") if args.server_log else tempfile.TemporaryFile("w+") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             try:
                 took = wait_ready(url, server, args.ready_timeout)
             except (ServerDied, TimeoutError) as err:
-                log.seek(0)
-                sys.stderr.write(log.read()[-20000:])
+                print_tail(log)
                 print(f"[bench_server_online] {args.engine}: {err}", file=sys.stderr)
                 return 1
             print(f"[bench_server_online] {args.engine} ready in {took:.0f} s", file=sys.stderr, flush=True)
-            return subprocess.run(bench_command(args, url)).returncode
+            code = subprocess.run(bench_command(args, url)).returncode
+            if server.poll() is not None:  # it died under load: what it said last is the why
+                print_tail(log)
+                print(
+                    f"[bench_server_online] {args.engine} exited ({server.returncode}) during the run",
+                    file=sys.stderr,
+                )
+                return code or 1
+            return code
         finally:
             stop(server)
+
+
+def print_tail(log, chars: int = 20000) -> None:
+    log.flush()
+    log.seek(0)
+    sys.stderr.write(log.read()[-chars:])
 
 
 if __name__ == "__main__":

@@ -331,7 +331,8 @@ run_step() {
         # final/'s engine writes its step trace (final/runtime/step_trace.py; Mini-SGLang ignores
         # the variable), and the report says what each rate's bursts came after.
         FINAL_STEP_TRACE=$trace $py -m scripts.bench_server_online --engine "$engine" --model $ckpt \
-          --out-dir $results --name "$name" --rates "$rates" --num-requests "$n" "$@" || status=1
+          --out-dir $results --name "$name" --rates "$rates" --num-requests "$n" \
+          --server-log "$out/logs/server_$name.log" "$@" || status=1
         if [ -s "$trace" ]; then
           $py -m scripts.step_trace_report "$trace" --labels "$rates" --json "$out/logs/bursts_$name.json" || true
           gzip -f "$trace"
