@@ -68,7 +68,11 @@ class KVCacheManager:
     def admit(self, kv: RequestPages, match: PrefixMatch, length: int, reserve: int = 0) -> bool:
         """Give a waiting request a row whose first pages are the matched prefix's, and room for
         `length` tokens, keeping `reserve` pages available for others. False (nothing changed) if
-        the pool cannot."""
+        the pool cannot, or no row is free: a finished request keeps its row until the step in
+        flight that may still read it is done (Scheduler.finish's defer_release), so fewer running
+        requests than rows does not mean a free row."""
+        if not self.page_table.num_free_rows:
+            return False
         self.prefix_cache.lock(match.handle)  # before anything is evicted to make room for the rest
         need = self.pages_for(length) - len(match.pages)
         if need > self.num_available_pages - reserve:

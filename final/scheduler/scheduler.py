@@ -127,17 +127,17 @@ class Scheduler:
         later: list[Request] = []  # requests that wait a step for a prefix this step computes
         admitted = [r for r, _ in chunks]
         while budget > 0 and self.waiting and len(self.running) < self.max_running:
-            req = self.waiting.popleft()
+            req = self.waiting[0]  # off the queue once admitted: an error on the way loses nothing
             match = self.kv.match(req.all_ids())
             if self._shares_with(admitted, req, match.num_tokens):
-                later.append(req)
+                later.append(self.waiting.popleft())
                 continue
             size = min(req.seq_len - match.num_tokens, budget)
             # Keep a page per running request in reserve: admitting a prompt should not force a
             # preemption on the very next decode step.
             if not self.kv.admit(req.kv, match, match.num_tokens + size, reserve=len(self.running)):
-                self.waiting.appendleft(req)  # first come, first served: later requests wait behind it
-                break
+                break  # first come, first served: later requests wait behind it
+            self.waiting.popleft()
             self._start(req, match.num_tokens)
             admitted.append(req)
             chunks.append((req, size))

@@ -130,7 +130,8 @@ class Scheduler:
             budget -= size
         later: list[Request] = []  # requests that wait a step for a prefix this batch computes
         admitted = [r for r, _ in chunks]
-        while budget > 0 and self.waiting and len(self.running) < self.max_running:
+        # A retiring request still holds its page-table row until the step in flight is done.
+        while budget > 0 and self.waiting and len(self.running) + len(self.retiring) < self.max_running:
             req = self.waiting.popleft()
             # Match all but the last token: a full hit must still compute one token, whose
             # logits give the first new token.

@@ -298,6 +298,29 @@ def test_abort_of_a_waiting_request_frees_nothing(tiny_qwen3_dir):
     assert_pool_at_baseline(llm)
 
 
+def test_an_admission_waits_for_the_row_a_retiring_request_holds(tiny_qwen3_dir):
+    """A finished request keeps its page-table row until the step in flight is done, so the
+    running count alone does not say a row is free: with one row, the second request is admitted
+    only once the first has retired (admitting it earlier took a row from an empty list; an H200
+    server under 64 requests a second crashed on it)."""
+    prompts = sample_prompts(tiny_qwen3_dir, n=2, seed=7)
+    first = make(tiny_qwen3_dir, False).generate([prompts[1]], SamplingParams(temperature=0, max_tokens=12,
+                                                                              ignore_eos=True))[0].token_ids  # fmt: skip
+    # The first request stops on a token the scheduler cannot see coming, so the step launched
+    # before that token was read holds it: it retires only when that step is done.
+    params = [SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[first[4]]),
+              SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)]  # fmt: skip
+    order = [prompts[1], prompts[0]]
+    alone = [
+        make(tiny_qwen3_dir, False).generate([p], sp)[0].token_ids
+        for p, sp in zip(order, params, strict=True)
+    ]
+    llm = make(tiny_qwen3_dir, True, page_size=4, num_pages=64, max_running_requests=1)
+    outs = drive(llm, order, params, arrivals=[0, 0])
+    assert [out.token_ids for out in outs] == alone
+    assert_pool_at_baseline(llm)
+
+
 def test_preemption_never_takes_a_request_whose_next_token_is_in_flight(tiny_qwen3_dir):
     """When the pool runs dry with a step in flight, the scheduler raises NeedsDrain; the engine
     completes that step, then preempts. No victim ever has a pending token; outputs equal the

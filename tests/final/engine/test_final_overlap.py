@@ -124,6 +124,25 @@ def test_a_request_finishing_at_n_while_n_plus_1_runs(tiny_qwen3_dir):
     assert_pool_whole(llm)
 
 
+def test_an_admission_waits_for_the_row_a_retiring_request_holds(tiny_qwen3_dir):
+    """One row (--max-running-requests 1): the first request stops on a token the scheduler cannot
+    see coming, so it retires holding its row while the next step runs; the waiting request is
+    admitted after that, not into a missing row (an H200 server at 64 requests a second, more than
+    256 requests in the engine, stopped on `pop from empty list`)."""
+    prompts = sample_prompts(tiny_qwen3_dir, n=2, seed=7)
+    plain = make(tiny_qwen3_dir, "off", page_size=4, num_pages=64)
+    first = plain.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    params = [
+        SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[first.token_ids[4]]),
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+    ]
+    want = [plain.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params, strict=True)]
+    llm = make(tiny_qwen3_dir, "on", page_size=4, num_pages=64, max_running_requests=1)
+    outs, _ = drive(llm, prompts, params, arrivals=[0, 0], aborts={})
+    assert [out.token_ids for out in outs] == want
+    assert_pool_whole(llm)
+
+
 def test_abort_of_a_request_in_flight(tiny_qwen3_dir):
     llm = make(tiny_qwen3_dir, "on", page_size=4, num_pages=64)
     prompts = sample_prompts(tiny_qwen3_dir, n=2, seed=8)
