@@ -13,8 +13,9 @@ import argparse
 from dataclasses import dataclass
 
 from .attention.registry import describe_auto, describe_backends, describe_page_sizes
-from .core.config import ENGINE, MODEL, PARALLEL, EngineConfig
+from .core.config import ENGINE, MODEL, EngineConfig
 from .core.flags import FlagParser, add_flags, from_namespace
+from .core.parallel_config import PARALLEL
 from .frontend.options import SAMPLING, SAMPLING_GROUP_HELP, SERVER, ServeOptions
 from .kvcache.registry import PREFIX_CACHES
 from .scheduler.policy import POLICIES

@@ -18,6 +18,7 @@ from typing import Any
 
 from .errors import UserError
 from .flags import Preset, from_keywords, option
+from .parallel_config import ParallelOptions
 
 # vLLM's and SGLang's other names for a dtype (`--dtype half`): the name each stands for.
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -36,7 +37,7 @@ def positive_or_zero(text: str) -> int:
     return value
 
 
-MODEL, ENGINE, PARALLEL = "model", "engine", "tensor parallelism"  # the flags' groups in --help
+MODEL, ENGINE = "model", "engine"  # the flags' groups in --help (PARALLEL: parallel_config.py)
 OVERLAP_MODES = ("auto", "on", "off")
 # The prefill budget when --max-prefill-length is not set, per device: the most prompt tokens one
 # step computes. On a GPU, Mini-SGLang's default (its --max-extend-tokens): a step of that many
@@ -49,7 +50,7 @@ KV_CACHE_DTYPES = ("auto", "bf16", "fp8_e4m3")  # core/devices.py maps them to t
 
 
 @dataclass
-class EngineConfig:
+class EngineConfig(ParallelOptions):
     model: str | None = option(
         None, "Hugging Face model folder or hub id; default: SmolLM2-135M-Instruct", group=MODEL
     )
@@ -189,35 +190,6 @@ class EngineConfig:
         choices=OVERLAP_MODES,
         presets=(Preset("--skip-server-warmup", "off", "the same as --warmup off (SGLang)"),),
     )
-    # Tensor parallelism: the model sharded over `tp` ranks, one process each (runtime/ranks.py);
-    # across machines, `nnodes` nodes of tp / nnodes ranks meeting at `dist_init_addr`.
-    tp: int = option(
-        1,
-        "tensor-parallel degree: the model sharded over this many GPUs (rank i on cuda:i of its "
-        "node), or this many processes with gloo on the CPU; the engine starts the ranks itself",
-        group=PARALLEL,
-        aliases=("--tp-size", "--tensor-parallel-size", "-tp"),
-    )
-    nnodes: int = option(1, "machines the --tp ranks span, tp / nnodes each", group=PARALLEL)
-    node_rank: int = option(
-        0,
-        "this machine's index: 0 runs the engine and the server; any other starts its ranks "
-        "for node 0 and takes every engine flag from it",
-        group=PARALLEL,
-    )
-    dist_init_addr: str | None = option(
-        None,
-        "where the ranks meet (torch.distributed's TCP rendezvous, served by node 0; needed with "
-        "--nnodes > 1); default: a free loopback port",
-        group=PARALLEL,
-        metavar="HOST:PORT",
-    )
-    dist_timeout: float = option(
-        600.0,
-        "seconds a collective may wait for the other ranks, and (at most 30) a rank may go "
-        "unheard, before the engine stops with a message naming the rank",
-        group=PARALLEL,
-    )
 
     def __post_init__(self) -> None:
         self.dtype = dtype_name(self.dtype)  # LLM(dtype="half") as vLLM takes it
@@ -256,21 +228,6 @@ class EngineConfig:
                 f"--dtype must be one of {', '.join(DTYPES)} (or half, float), got {self.dtype!r}",
             ),
             (self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
-            (self.tp >= 1, f"--tp must be >= 1, got {self.tp}"),
-            (self.nnodes >= 1, f"--nnodes must be >= 1, got {self.nnodes}"),
-            (
-                0 <= self.node_rank < self.nnodes,
-                f"--node-rank must be in [0, --nnodes), got {self.node_rank} with --nnodes {self.nnodes}",
-            ),
-            (
-                self.tp % self.nnodes == 0,
-                f"--tp {self.tp} does not split over --nnodes {self.nnodes}: every node runs tp / nnodes ranks",
-            ),
-            (
-                self.nnodes == 1 or self.dist_init_addr is not None,
-                "--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, reachable from every node)",
-            ),
-            (self.dist_timeout > 0, f"--dist-timeout must be > 0, got {self.dist_timeout}"),
             (
                 self.kv_cache_dtype in KV_CACHE_DTYPES,
                 f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
@@ -280,13 +237,9 @@ class EngineConfig:
                 f"--overlap must be one of {', '.join(OVERLAP_MODES)}, got {self.overlap!r}",
             ),
         ]
-        for ok, message in checks:
+        for ok, message in checks + self.parallel_checks():
             if not ok:
                 raise UserError(message)
-
-    @property
-    def ranks_per_node(self) -> int:
-        return self.tp // self.nnodes
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -138,7 +138,10 @@ def add_flags(
     field name -> the values a registry knows (for fields whose flag declares none); `more_help`:
     field name -> what a registry says about them, after the field's own help."""
     hints = typing.get_type_hints(cls)
-    for f, flag in flag_fields(cls):
+    # In the groups' order (a class built from option classes lists its bases' fields first):
+    # usage and --help read model, engine, parallel, ... whatever the class hierarchy.
+    order = list(groups)
+    for f, flag in sorted(flag_fields(cls), key=lambda field_flag: order.index(field_flag[1].group)):
         group = groups[flag.group]
         kind = _value_type(hints[f.name])
         known = flag.choices if flag.choices is not None else (choices or {}).get(f.name)
