@@ -80,3 +80,40 @@ def test_unrepresentable_values_are_refused_on_arrival(tiny_qwen3_dir, field, va
     with pytest.raises(UserError, match=needle):
         core.add_request(0, [1, 2, 3], params)
     assert not core.has_work()
+
+
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_a_step_that_fails_in_admission_fails_every_request_and_the_engine_goes_on(
+    tiny_qwen3_dir, monkeypatch, overlap
+):
+    """A bug in the middle of scheduling (here: the KV manager's admit raising for the second
+    prompt of a step) is what `fail_all` is for: every request ends with an error, the pool is whole,
+    and the next request runs. `fail_all` itself must not trip over a request the failed step had
+    half-moved (the admission loop took it off the queue before the call that raised, and
+    `fail_all`'s abort then raised in its turn: the engine process exited)."""
+    llm = final.LLM(str(tiny_qwen3_dir), device="cpu", dtype="float32", overlap=overlap)
+    prompts = sample_prompts(tiny_qwen3_dir, n=3, seed=9)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    rids = [llm.add_request(p, params) for p in prompts]
+    real_admit, calls = llm.core.kv.admit, []
+
+    def admit(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected")
+        return real_admit(*args, **kwargs)
+
+    monkeypatch.setattr(llm.core.kv, "admit", admit)
+    with pytest.raises(RuntimeError, match="injected"):
+        for _ in range(10):
+            llm.core.step()
+    failed = llm.core.fail_all("the engine failed: RuntimeError: injected")
+    assert {d.rid for d in failed} == set(rids) and all(d.finish_reason == "error" for d in failed)
+    llm.core.check_integrity()
+    monkeypatch.setattr(llm.core.kv, "admit", real_admit)
+    for rid in rids:
+        llm.requests.pop(rid, None)
+    (out,) = llm.generate([prompts[0]], params, use_tqdm=False)
+    assert len(out.token_ids) == 6
+    kv = llm.core.kv
+    assert kv.num_free_pages + kv.prefix_cache.num_cached_pages == kv.num_pages
