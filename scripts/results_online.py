@@ -45,6 +45,7 @@ SMOOTH = (  # final/'s own split, and how smooth each server's streams were
     ("burst_share_half_step", "gaps < ½ step"),
     ("engine_burst_share", "gaps < ½ step, engine's clock"),  # already short before the frontend
     ("burst_share_half_decode_step", "gaps < ½ decode step"),  # issue 27's line: a decode step's half
+    ("burst_share_half_decode_step_steady", "same, steady part"),  # without the ramp and the drain
     ("burst_share_local_step", "gaps < ½ local step"),  # against the step of each gap's moment
     ("burst_share_2ms", "gaps < 2 ms"),
 )
@@ -154,6 +155,7 @@ def _smoothness(call: dict[str, dict[str, Result]], rates: list[str]) -> list[st
     fmt: dict[str, Callable[[float], str]] = {
         "burst_share_half_step": _share, "burst_share_2ms": _share, "engine_burst_share": _share,
         "burst_share_half_decode_step": _share, "burst_share_local_step": _share,
+        "burst_share_half_decode_step_steady": _share,
     }  # fmt: skip
     for rate in rates:
         for kind in kinds:

@@ -26,6 +26,11 @@ machine): a token's latency then splits into the engine's part and the frontend'
     burst_share_half_decode_step, engine_burst_share_decode_step, smooth_streams_share_decode_step
                      the three shares above against half of decode_step_ms_p50: issue 27's
                      criterion ("half the engine's decode step at that load")
+    burst_share_half_decode_step_steady  burst_share_half_decode_step over the load's steady part
+                     only: gaps that end between the first request's send plus the median e2e
+                     (by then the running set has filled) and the last request's send (after it
+                     the batch drains); steady_window_s is that stretch's length. "At that load"
+                     read literally: a run of 256 requests at 64/s is mostly ramp
     burst_share_local_step, engine_burst_share_local_step, smooth_streams_share_local_step
                      the same shares against half the engine's decode step at the moment of each
                      gap: the median decode-only step of the LOCAL_STEPS steps either side. A load's
@@ -154,6 +159,8 @@ def smoothness(done: list[Record], tpot: list[float]) -> dict[str, float]:
         if written:
             out["server_burst_share"] = sum(w < e / 2 for w, e in written) / len(written)
         out |= against_decode_step(streams, timed, engine_gaps)
+        if "decode_step_ms_p50" in out:
+            out |= steady_share(done, out["decode_step_ms_p50"] / 2)
         out |= against_local_step(timed)
         first = [(r.written_times[0] - r.sent) * 1e3 for r in timed if r.written_times]
         out |= spread("ttft_server_ms", first)
@@ -206,6 +213,25 @@ def against_decode_step(
         "burst_share_half_decode_step": under,
         "engine_burst_share_decode_step": engine,
         "smooth_streams_share_decode_step": smooth,
+    }
+
+
+def steady_share(done: list[Record], half: float) -> dict[str, float]:
+    """The share of the client's gaps under `half` ms among those ending in the load's steady
+    part: from the first send plus the median e2e to the last send (empty if that is no stretch)."""
+    sends = [r.sent for r in done]
+    start, end = min(sends) + statistics.median(r.e2e for r in done), max(sends)
+    gaps = [
+        (b - a) * 1e3
+        for r in done
+        for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)
+        if start <= b <= end
+    ]
+    if end <= start or not gaps:
+        return {}
+    return {
+        "burst_share_half_decode_step_steady": sum(g < half for g in gaps) / len(gaps),
+        "steady_window_s": end - start,
     }
 
 

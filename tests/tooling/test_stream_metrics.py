@@ -149,3 +149,22 @@ def test_tokens_held_and_sent_in_pairs_are_bursts_against_the_local_step():
     assert m["burst_share_local_step"] == pytest.approx(20 / 40)
     assert m["engine_burst_share_local_step"] == 0.0  # the engine's steps were steady
     assert m["smooth_streams_share_local_step"] == 0.0
+
+
+def test_the_steady_share_leaves_out_the_ramp_and_the_drain():
+    """Ten requests sent 20 ms apart. The first and the last each get ten tokens 1 ms apart (a
+    lone request's quick steps, before the others arrive and after they left); the eight between
+    get theirs 6 ms apart. The median e2e is 59 ms, so the steady part runs from 59 to 180 ms:
+    every gap ending there is 6 ms. Over the whole load 18 of 90 gaps are under half the 6 ms step."""
+    records = []
+    for i in range(10):
+        gap = 1.0 if i in (0, 9) else 6.0
+        client = [20 * i + 5 + gap * k for k in range(10)]
+        r = record([t - 1 for t in client], client)
+        r.sent, r.decode_steps = 20 * i / 1e3, [True] * 10
+        records.append(r)
+    m = summarize(records, duration=1.0)
+    assert m["decode_step_ms_p50"] == pytest.approx(6.0)
+    assert m["burst_share_half_decode_step"] == pytest.approx(18 / 90)
+    assert m["burst_share_half_decode_step_steady"] == 0.0
+    assert m["steady_window_s"] == pytest.approx(0.180 - 0.059)
