@@ -94,9 +94,15 @@ def call_caption(call: dict[str, dict[str, Result]], rates: list[str]) -> str:
     by_call: dict[str, list[str]] = {}
     for rate in rates:
         by_call.setdefault(call[FINAL][rate].run_id or "", []).append(rate)
+
+    def count(run_id: str) -> str:  # requests a rate: a long load's call sends more than the others
+        n = call[FINAL][by_call[run_id][0]].config.get("num_requests")
+        return f", {int(n):,} requests a rate" if n else ""
+
     if len(by_call) == 1:
-        return f"One device call (`{next(iter(by_call))}`)"
-    parts = "; ".join(f"`{run_id}`: {', '.join(rs)} req/s" for run_id, rs in by_call.items())
+        run_id = next(iter(by_call))
+        return f"One device call (`{run_id}`{count(run_id)})"
+    parts = "; ".join(f"`{run_id}`: {', '.join(rs)} req/s{count(run_id)}" for run_id, rs in by_call.items())
     return f"Each rate's pair from one device call ({parts})"
 
 

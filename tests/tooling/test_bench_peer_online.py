@@ -286,6 +286,25 @@ def test_the_online_section_pairs_a_call_rate_by_rate_with_the_prefill_first_run
     assert "online 8 req/s, TTFT p50 (ms) | 40 | 50 |" in versus  # not the prefill-first run's 30
 
 
+def test_the_online_caption_says_how_many_requests_each_call_sent():
+    """A long load's call (1,024 requests at 64 req/s) beside the calls of 256: each rate's pair
+    names its call and its request count, so a reader does not compare a ramp with a steady load."""
+    from scripts import results_online
+
+    late = {"timestamp": "2026-11-29T00:00:00Z"}
+    results = [
+        online_result("final", "final_online_h200", "8", "c1", 40.0, num_requests=256),
+        online_result("mini-sglang", "peer_minisgl_online_h200", "8", "c1", 50.0, num_requests=256),
+        online_result("final", "final_online_h200", "64", "c2", 30.0, num_requests=1024),
+        online_result("mini-sglang", "peer_minisgl_online_h200", "64", "c2", 60.0, num_requests=1024),
+    ]
+    results = [r.__class__(**{**r.__dict__, **(late if r.run_id == "c2" else {})}) for r in results]
+    h200 = results_online.render(results).split("### H200")[1]
+    assert "`c1`: 8 req/s, 256 requests a rate; `c2`: 64 req/s, 1,024 requests a rate" in h200
+    one = results_online.render(results[:2]).split("### H200")[1]
+    assert "One device call (`c1`, 256 requests a rate)" in one
+
+
 def test_client_processes_share_the_requests_round_robin():
     assert bench_online.shards(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
     assert bench_online.shards(2, 4) == [[0], [1]]  # no process without a request
