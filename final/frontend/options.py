@@ -28,18 +28,26 @@ def comma_list(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
-TOOL_CALL_PARSERS = {"hermes": "hermes", "qwen25": "hermes", "qwen": "hermes"}  # SGLang: qwen25
+# --tool-call-parser's names (vLLM's and SGLang's) -> the format read (server/tool_formats.py)
+TOOL_CALL_PARSERS = {
+    "hermes": "hermes",
+    "qwen25": "hermes",  # SGLang's name for it
+    "qwen": "hermes",
+    "llama3_json": "llama3_json",
+    "llama3": "llama3_json",  # SGLang's name for it
+}
 
 
 def tool_call_parser(text: str) -> str:
-    """--tool-call-parser: the one format final/ reads (server/tools.py), under vLLM's and SGLang's
-    names; another is refused with what still works."""
+    """--tool-call-parser: the formats final/ reads (server/tool_formats.py), under vLLM's and
+    SGLang's names; another is refused with what works."""
     name = text.strip().lower()
     if name not in TOOL_CALL_PARSERS:
         raise argparse.ArgumentTypeError(
             f"{text!r}: final/ reads tool calls written as Hermes-style <tool_call> blocks (Qwen2.5 and "
-            "Qwen3, Hermes): hermes (qwen25, qwen); a model that writes its calls otherwise still calls "
-            "tools under tool_choice 'required' or a named function, which a grammar enforces"
+            "Qwen3, Hermes): hermes (qwen25, qwen), or as Llama 3.1-3.3's JSON: llama3_json (llama3); a "
+            "model that writes its calls otherwise still calls tools under tool_choice 'required' or a "
+            "named function, which a grammar enforces"
         )
     return TOOL_CALL_PARSERS[name]
 
@@ -78,7 +86,8 @@ class ServeOptions:
     tool_call_parser: str = option(
         "hermes",
         "how tool calls are read from a chat answer under tool_choice auto: hermes, <tool_call> "
-        "blocks (Qwen2.5 and Qwen3, Hermes; SGLang's qwen25 is the same), the one format read",
+        "blocks (Qwen2.5 and Qwen3, Hermes; SGLang's qwen25 is the same), or llama3_json, the "
+        "answer a JSON call (Llama 3.1-3.3; SGLang's llama3)",
         group=MODEL,
         parse=tool_call_parser,
     )

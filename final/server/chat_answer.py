@@ -3,7 +3,8 @@ tool_calls) and finish reason of a whole answer, or a streamed answer's chunks, 
 
 The text goes through two readers in turn: the reasoning parser, when the server has one
 (`--reasoning-parser`, reasoning.py), takes the `<think>` block off the front; the tool-call reader
-(tools.py), when the request has tools, takes the calls out of what is left. A streamed answer's
+of the server's format (`--tool-call-parser`, tool_formats.py), when the request has tools, takes
+the calls out of what is left. A streamed answer's
 deltas add up to the whole answer's message.
 """
 
@@ -15,6 +16,7 @@ from ..frontend.mailbox import TokenUpdate
 from . import reasoning, tools
 from .formatting import chat_logprobs
 from .protocol import ChatCompletionRequest
+from .tool_formats import FORMATS
 
 
 def reasoning_style(req: ChatCompletionRequest, parser: str | None) -> str | None:
@@ -27,7 +29,11 @@ def reasoning_style(req: ChatCompletionRequest, parser: str | None) -> str | Non
 
 
 def answer(
-    req: ChatCompletionRequest, text: str, finish_reason: str | None, parser: str | None = None
+    req: ChatCompletionRequest,
+    text: str,
+    finish_reason: str | None,
+    parser: str | None = None,
+    tool_format: str = "hermes",
 ) -> tuple[dict[str, Any], str | None]:
     """A whole answer as the chat message and finish reason the client gets."""
     message: dict[str, Any] = {"role": "assistant"}
@@ -40,7 +46,7 @@ def answer(
     if choice == "none":
         return {**message, "content": text}, finish_reason
     if choice == "auto":
-        content, calls = tools.parse(text, req.tool_names(), req.parallel_tool_calls)
+        content, calls = FORMATS[tool_format].parse(text, req.tool_names(), req.parallel_tool_calls)
     else:
         content, calls = None, tools.forced_calls(text, choice)
         if not calls:  # cut short before the JSON closed: what there is, as text
@@ -54,16 +60,19 @@ def answer(
 class ChatFrames:
     """A streamed chat answer's chunks when it is read for reasoning or tool calls: per choice,
     reasoning as it is sure to be reasoning (reasoning.ReasoningStream), text as it is sure to
-    be text, each call in one delta when it is whole (tools.CallStream); under a forced
+    be text, each call in one delta when it is whole (the format's reader); under a forced
     tool_choice, the calls at the end (the answer is their JSON: nothing of it is content)."""
 
-    def __init__(self, req: ChatCompletionRequest, frame: Any, parser: str | None = None):
+    def __init__(
+        self, req: ChatCompletionRequest, frame: Any, parser: str | None = None, tool_format: str = "hermes"
+    ):
         self.choice = req.effective_tool_choice()
         style = reasoning_style(req, parser)
         self.active = self.choice != "none" or style is not None
         self.frame = frame
         self.thoughts = [reasoning.ReasoningStream(style) if style else None for _ in range(req.n)]
-        self.streams = [tools.CallStream(req.tool_names(), req.parallel_tool_calls) for _ in range(req.n)]
+        reader = FORMATS[tool_format].stream
+        self.streams = [reader(req.tool_names(), req.parallel_tool_calls) for _ in range(req.n)]
         self.texts = [""] * req.n  # a forced answer's JSON so far
         self.sent = [0] * req.n  # calls sent per choice
 
@@ -96,7 +105,10 @@ class ChatFrames:
             return text, []
         if self.choice == "auto":
             content, calls = self.streams[index].feed(text)
-            return (content + self.streams[index].finish(), calls) if last else (content, calls)
+            if last:
+                more, more_calls = self.streams[index].finish()
+                content, calls = content + more, calls + more_calls
+            return content, calls
         self.texts[index] += text
         if not last:
             return "", []

@@ -137,6 +137,7 @@ def run_http(
         read_timeout=args.read_timeout,
         sampling_defaults=defaults,
         reasoning_parser=args.reasoning_parser and args.reasoning_parser.replace("-", "_"),
+        tool_call_parser=args.tool_call_parser,
     )
     info = engine.info
     log.info(

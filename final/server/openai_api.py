@@ -151,7 +151,10 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
 
     if not req.stream:
         choices, cached = await _collect(state, jobs, http)
-        answers = [answer(req, c.text, c.finish_reason, state.reasoning_parser) for c in choices]
+        answers = [
+            answer(req, c.text, c.finish_reason, state.reasoning_parser, state.tool_call_parser)
+            for c in choices
+        ]
         return JSONResponse(
             {
                 **head,
@@ -183,7 +186,7 @@ async def _chat(state: ServerState, req: ChatCompletionRequest, http: Request, t
 
     # The common chunk, text alone, serialized once per choice (formatting.TextFrame).
     texts = [TextFrame(lambda text, i=i: frame(i, {"content": text})) for i in range(req.n)]
-    parts = ChatFrames(req, frame, state.reasoning_parser)
+    parts = ChatFrames(req, frame, state.reasoning_parser, state.tool_call_parser)
 
     def chunk(index: int, out: TokenUpdate) -> list[dict | str]:
         if parts.active:

@@ -28,6 +28,8 @@ class ServerState:
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     # --reasoning-parser: how a <think> block is told apart (reasoning.py); None: not at all
     reasoning_parser: str | None = None
+    # --tool-call-parser: how a model writes its tool calls (tool_formats.py)
+    tool_call_parser: str = "hermes"
     admission: Admission = field(init=False)
 
     def __post_init__(self) -> None:

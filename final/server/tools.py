@@ -65,12 +65,17 @@ def new_call(name: str, arguments: Any) -> ToolCall:
 
 
 def read_block(body: str, names: set[str]) -> ToolCall | None:
-    """The call a block's body holds, or None when it is not one: JSON naming a tool of `names`,
-    with `arguments` (or `parameters`, as some templates write it) an object or JSON text."""
+    """The call a block's body holds, or None when it is not one (see call_from)."""
     try:
         data = json.loads(body, strict=False)  # control characters in strings: the model's text
     except ValueError:
         return None
+    return call_from(data, names)
+
+
+def call_from(data: Any, names: set[str]) -> ToolCall | None:
+    """The call a decoded JSON value is, or None: an object naming a tool of `names`, with
+    `arguments` (or `parameters`, as some templates write it) an object or JSON text."""
     if not isinstance(data, dict) or data.get("name") not in names:
         return None
     arguments = data.get("arguments", data.get("parameters", {}))
@@ -141,11 +146,12 @@ class CallStream:
             self.pending, self.inside = self.pending[start + len(START) :], True
         return "".join(content), calls
 
-    def finish(self) -> str:
-        """What is left at the answer's end, as content: an unclosed block is text after all."""
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """What is left at the answer's end: content (an unclosed block is text after all), and no
+        call (each went out when its block closed)."""
         rest = (START if self.inside else "") + self.pending
         self.pending, self.inside = "", False
-        return self._content(rest)
+        return self._content(rest), []
 
     def _content(self, text: str) -> str:
         return self.content.add(text)

@@ -191,6 +191,8 @@ def test_vllm_and_sglang_flag_spellings_set_our_fields(argv, field, value):
         (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"], "tool_call_parser", "hermes"),  # vLLM
         (["--enable-auto-tool-choice"], "enable_auto_tool_choice", True),
         (["--tool-call-parser", "qwen25"], "tool_call_parser", "hermes"),  # SGLang's name for it
+        (["--tool-call-parser", "llama3_json"], "tool_call_parser", "llama3_json"),  # vLLM
+        (["--tool-call-parser", "llama3"], "tool_call_parser", "llama3_json"),  # SGLang
     ],
 )
 def test_vllm_server_flags(argv, field, value):
@@ -199,10 +201,11 @@ def test_vllm_server_flags(argv, field, value):
 
 def test_a_tool_call_format_final_does_not_read_is_refused_with_what_still_works(capsys):
     with pytest.raises(SystemExit) as exit_:
-        parse_args(["--tool-call-parser", "llama3_json"])
+        parse_args(["--tool-call-parser", "mistral"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "Hermes-style <tool_call> blocks" in err and "tool_choice 'required' or a named function" in err
+    assert "Hermes-style <tool_call> blocks" in err and "llama3_json" in err
+    assert "tool_choice 'required' or a named function" in err
 
 
 def test_the_same_spellings_as_llm_keywords():

@@ -11,10 +11,10 @@ import pytest
 
 from final.core.errors import UserError
 from final.frontend.tokenizer import Tokenizer
-from final.server import tools
+from final.server import tool_formats, tools
 from final.server.errors import APIError
 from final.server.protocol import ChatCompletionRequest
-from tests.fixtures.live_server import serving
+from tests.fixtures.live_server import Server, serving
 
 NAMES = {"get_weather", "add"}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -58,7 +58,8 @@ def test_a_streamed_answer_split_anywhere_gives_the_whole_answers_content_and_ca
             for piece in pieces:
                 more, new = stream.feed(piece)
                 content, calls = content + more, calls + new
-            content += stream.finish()
+            more, new = stream.finish()
+            content, calls = content + more, calls + new
             assert content == (want_content or ""), (cut, pieces)
             assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
 
@@ -69,6 +70,61 @@ def test_nothing_that_may_start_a_tag_is_sent_as_text_too_early():
     assert stream.feed("_c") == ("", [])
     content, calls = stream.feed('all>{"name": "add", "arguments": {}}</tool_call>')
     assert content == "" and [c.name for c in calls] == ["add"]
+
+
+LLAMA_CALL = '{"name": "get_weather", "parameters": {"city": "Paris; France"}}'
+LLAMA_ANSWERS = [
+    "Plain text, no call.",
+    "  " + LLAMA_CALL + "\n",
+    "<|python_tag|>" + LLAMA_CALL,
+    LLAMA_CALL + "; " + '{"name": "add", "arguments": {"a": 1}}',
+    '{"name": "unknown_tool", "parameters": {}}',  # not a declared tool: text
+    LLAMA_CALL + " and some words after",  # not wholly calls: text
+    '{"answer": 42}',  # JSON, but no call
+    LLAMA_CALL[:-5],  # cut off before it closed
+    "<|python_ta",
+    "<|python_tag|>",
+    "\n\n   \n",
+]
+
+
+def test_a_llama3_json_answer_is_its_calls_or_else_text():
+    llama = tool_formats.FORMATS["llama3_json"]
+    content, calls = llama.parse("<|python_tag|>" + LLAMA_CALL, NAMES)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris; France"})  # a ";" inside a string does not split it
+    ]
+    content, calls = llama.parse(LLAMA_ANSWERS[3], NAMES)
+    assert content is None and [c.name for c in calls] == ["get_weather", "add"]
+    assert [c.name for c in llama.parse(LLAMA_ANSWERS[3], NAMES, parallel=False)[1]] == ["get_weather"]
+    for text in LLAMA_ANSWERS[4:8] + ["Plain text, no call."]:
+        assert llama.parse(text, NAMES) == (text.strip(), [])
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("text", LLAMA_ANSWERS)
+def test_a_streamed_llama3_json_answer_split_anywhere_gives_the_whole_answers(text, parallel):
+    llama = tool_formats.FORMATS["llama3_json"]
+    want_content, want_calls = llama.parse(text, NAMES, parallel)
+    for cut in range(len(text) + 1):
+        stream = llama.stream(NAMES, parallel)
+        content, calls = "", []
+        for piece in (text[:cut], text[cut:]):
+            more, new = stream.feed(piece)
+            content, calls = content + more, calls + new
+        more, new = stream.finish()
+        content, calls = content + more, calls + new
+        assert content == (want_content or ""), cut
+        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
+
+
+def test_a_llama3_stream_sends_text_at_once_and_holds_what_may_be_a_call():
+    stream = tool_formats.FORMATS["llama3_json"].stream(NAMES)
+    assert stream.feed("Sure") == ("Sure", [])  # not a call: text as it comes
+    held = tool_formats.FORMATS["llama3_json"].stream(NAMES)
+    assert held.feed("<|python") == ("", []) and held.feed("_tag|>" + LLAMA_CALL) == ("", [])
+    content, calls = held.finish()
+    assert content == "" and [c.name for c in calls] == ["get_weather"]
 
 
 def test_a_forced_call_schema_compiles_and_its_answer_becomes_calls():
@@ -339,3 +395,43 @@ def test_each_choice_streams_its_own_calls_with_logprobs(server):
     assert calls == want and all(want.values())
     assert finishes == {0: "tool_calls", 1: "tool_calls"}
     assert logprob_tokens == whole.usage.completion_tokens
+
+
+ECHO_TEMPLATE = "{% if tools %}{% endif %}{{ messages[-1].content }}"  # the prompt: the user's text
+
+
+@pytest.fixture(scope="module")
+def llama_server(tiny_qwen3_dir, tmp_path_factory):
+    """The server on the stand-in engine (tests/fixtures/ticking_engine.py), which answers with its
+    prompt's tokens again: the answer is whatever the user wrote."""
+    folder = tmp_path_factory.mktemp("llama3")
+    template = folder / "echo.jinja"
+    template.write_text(ECHO_TEMPLATE)
+    server = Server(tiny_qwen3_dir, folder / "server.log", "--served-model-name", "tiny", "--chat-template",
+                    str(template), "--tool-call-parser", "llama3", "--log-level", "warning",
+                    module="tests.fixtures.ticking_server")  # fmt: skip
+    yield server
+    server.stop()
+
+
+def test_a_llama3_server_reads_an_answer_that_is_a_json_call(llama_server, tiny_qwen3_dir):
+    """--tool-call-parser llama3 (SGLang's name for llama3_json) reaches the chat answers: an
+    answer that is {"name": ..., "parameters": ...} is the call, streamed or not, no content."""
+    client = llama_server.client()
+    text = "<|python_tag|>" + LLAMA_CALL
+    length = len(Tokenizer(tiny_qwen3_dir).encode(text, add_special_tokens=False))
+    body = {"model": "tiny", "messages": [{"role": "user", "content": text}], "tools": [WEATHER],
+            "max_tokens": length}  # fmt: skip
+    out = client.chat.completions.create(**body).choices[0]
+    assert out.message.content is None, out
+    (call,) = out.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Paris; France"},
+    )
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(**body, stream=True) if c.choices]
+    streamed = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert [(tc.function.name, tc.function.arguments) for tc in streamed] == [
+        ("get_weather", call.function.arguments)
+    ]
+    assert not "".join(d.content or "" for d in deltas)
