@@ -88,6 +88,15 @@ LLAMA_ANSWERS = [
 ]
 
 
+def test_every_tool_call_parser_name_has_a_reader():
+    """--tool-call-parser's names (frontend/options.py, which imports nothing of the server) and the
+    readers (server/tool_formats.py) are two tables: each name must lead to a reader, and each
+    reader must have a name."""
+    from final.frontend.options import TOOL_CALL_PARSERS
+
+    assert set(TOOL_CALL_PARSERS.values()) == set(tool_formats.FORMATS)
+
+
 def test_a_llama3_json_answer_is_its_calls_or_else_text():
     llama = tool_formats.FORMATS["llama3_json"]
     content, calls = llama.parse("<|python_tag|>" + LLAMA_CALL, NAMES)
