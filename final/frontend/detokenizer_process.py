@@ -24,7 +24,6 @@ import multiprocessing as mp
 import pickle
 import queue
 import shutil
-import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from ..core.heap import freeze_startup_heap
 from ..core.logs import setup_logging
 from ..engine.messages import AbortRequest, AddRequest
 from ..engine.wire import OBJECT, StepColumns, decode, encode
-from ..runtime.lifeline import ParentWatch, die_with_parent, name_process
+from ..runtime.lifeline import ParentWatch, die_with_parent, ignore_stop_signals, name_process
 from ..runtime.process import EngineProcess
 
 log = logging.getLogger(__name__)
@@ -81,13 +80,10 @@ class DetokenizerProcess:
             raise UserError(payload)
 
     def shutdown(self) -> None:
-        """It holds nothing to save: SIGTERM, then SIGKILL."""
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(STOP_GRACE_S)
+        """It holds nothing to save: SIGKILL (it ignores SIGTERM: lifeline.ignore_stop_signals)."""
         if self.process.is_alive():
             self.process.kill()
-            self.process.join(1)
+            self.process.join(STOP_GRACE_S)
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
@@ -110,7 +106,7 @@ def start_detokenizer(model_dir: Path, log_level: str = "info") -> DetokenizerPr
 def detokenizer_main(
     model_dir: str, request_addr: str, output_addr: str, control: Any, replies: Any, log_level: str
 ) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
+    ignore_stop_signals()  # Ctrl-C, or a group's SIGTERM, is the server's to handle
     parent = ParentWatch()
     die_with_parent()
     name_process(PROCESS_NAME)

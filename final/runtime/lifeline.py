@@ -4,6 +4,8 @@ a frontend that stopped reading.
 - `die_with_parent`: on Linux the kernel sends the child SIGKILL the moment its parent dies
   (prctl PR_SET_PDEATHSIG), whatever the child is doing: loading weights, running a step, or
   blocked in a send. Elsewhere the child polls (`ParentWatch`).
+- `ignore_stop_signals`: a stop signal sent to the whole process group is the frontend's to act
+  on; the child waits for the frontend's word (or dies with it).
 - `Outbox`: the engine's sends time out (ZMQ's SNDTIMEO) instead of blocking forever when the
   frontend's receiving socket is gone (a PUSH with no peer blocks); while a send waits, the engine
   checks that its parent is alive and whether a Shutdown arrived, and gives up on either.
@@ -40,6 +42,17 @@ def die_with_parent() -> None:
             log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
     except (OSError, AttributeError) as err:  # no libc to load: the polling still works
         log.warning("cannot ask to die with the parent process: %s", err)
+
+
+def ignore_stop_signals() -> None:
+    """Ignore SIGINT and SIGTERM in a child of the frontend. Both often reach every process of the
+    group at once: a terminal's Ctrl-C, systemd's stop (KillMode=control-group, its default),
+    `kill -- -PGID`, a benchmark's killpg. A child that died of one before the frontend acted was
+    taken for a lost engine: an H200 server stopped that way logged "the engine is lost" and exited
+    with status 3 instead of 0 (session 20). The frontend stops its children itself (a Shutdown
+    message, then SIGKILL: runtime/process.py), and the kernel kills them if it dies (above)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 PR_SET_NAME = 15

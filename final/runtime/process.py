@@ -9,7 +9,8 @@ nothing to do.
 
 It never outlives the frontend, nor hangs on it (lifeline.py): the kernel kills it when its parent
 dies, its sends time out and look for a Shutdown or a dead parent, and the frontend's `shutdown`
-escalates from a Shutdown message to SIGTERM to SIGKILL, each after a bounded wait. A failure
+escalates from a Shutdown message to SIGKILL after a bounded wait (it ignores SIGINT and SIGTERM,
+which a group's stop sends every process: the frontend decides). A failure
 handling one request's message fails that request alone. A thread beats a heartbeat, and the loop
 counts its steps, in a `Pulse` the frontend watches (heartbeat.py): a frozen engine, or one stuck
 in a step, is noticed.
@@ -22,7 +23,6 @@ import logging
 import multiprocessing as mp
 import queue
 import shutil
-import signal
 import tempfile
 import time
 import traceback
@@ -50,14 +50,14 @@ from ..engine.messages import (
 from ..engine.wire import columns_of, encode
 from .build import build_engine
 from .heartbeat import Heartbeat, Pulse
-from .lifeline import EngineExit, Inbox, Outbox, ParentWatch, die_with_parent
+from .lifeline import EngineExit, Inbox, Outbox, ParentWatch, die_with_parent, ignore_stop_signals
 from .ranks import FAILED_EXIT_CODE as ENGINE_FAILED_EXIT  # a lost tensor-parallel rank
 from .step_trace import install_from_env
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 500  # how often an idle engine checks that its parent is still alive
-SHUTDOWN_GRACE_S = 5.0  # a Shutdown message, then SIGTERM, then SIGKILL, each after this long at most
+SHUTDOWN_GRACE_S = 5.0  # a Shutdown message, then SIGKILL after this long at most
 
 
 @dataclass
@@ -84,16 +84,13 @@ class EngineProcess:
             try:
                 sock.send_pyobj(Shutdown(), zmq.NOBLOCK)
             except zmq.ZMQError:
-                pass  # it cannot be told: the signals below still work
+                pass  # it cannot be told: SIGKILL below still works
             sock.close()
             self.process.join(grace)
-        if self.process.is_alive():
-            log.warning("the engine did not stop within %.0f s; terminating it", grace)
-            self.process.terminate()
-            self.process.join(grace)
-        if self.process.is_alive():
+        if self.process.is_alive():  # SIGKILL: it ignores SIGTERM (lifeline.ignore_stop_signals)
+            log.warning("the engine did not stop within %.0f s; killing it", grace)
             self.process.kill()
-            self.process.join(1)
+            self.process.join(grace)
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
@@ -134,7 +131,7 @@ def launch_engine(
                     f"the engine process exited during start-up (exit code {process.exitcode})"
                 ) from None
             if time.monotonic() > deadline:
-                process.terminate()
+                process.kill()
                 shutil.rmtree(socket_dir, ignore_errors=True)
                 raise UserError(f"the engine did not start within {start_timeout:.0f} s") from None
     if kind != "ready":
@@ -154,9 +151,9 @@ def engine_main(
     pulse: Pulse | None = None,
     build: EngineBuilder = build_engine,
 ) -> None:
-    # Ctrl-C in the terminal reaches every process of the group. It is the frontend's to handle
-    # (the shell stops an answer, the server shuts down and then stops us); we ignore it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C in the terminal (or a group's SIGTERM) reaches every process of the group. It is the
+    # frontend's to handle (the shell stops an answer, the server shuts down and then stops us).
+    ignore_stop_signals()
     parent = ParentWatch()
     die_with_parent()  # before the model loads: a frontend killed meanwhile takes us along
     setup_logging(log_level)

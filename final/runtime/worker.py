@@ -16,7 +16,6 @@ import logging
 import multiprocessing
 import os
 import pickle
-import signal
 import sys
 import time
 import traceback
@@ -30,6 +29,7 @@ from ..distributed.group import close_tp, init_tp, open_store, parse_address
 from ..distributed.one_shot import wanted as one_shot_wanted
 from ..distributed.step_channel import StepChannel
 from ..engine.executor import Executor
+from .lifeline import ignore_stop_signals
 from .ranks import RankSpec
 from .watchdog import (
     ENGINE_KEY,
@@ -80,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--local-rank", type=int, required=True, help="this rank's index on its node")
     args = parser.parse_args(argv)
-    # Ctrl-C in the terminal reaches every process of the group; rank 0 (or the node's launcher)
-    # decides what it means, and stops us.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C in the terminal (or a group's SIGTERM) reaches every process of the group; rank 0 (or
+    # the node's launcher) decides what it means, and stops us.
+    ignore_stop_signals()
     multiprocessing.current_process().name = f"tp-rank-{args.rank}"  # the log lines' [name]
     host, port = parse_address(args.store)
     store = open_store(host, port, None, is_server=False, timeout_s=60)

@@ -2,7 +2,9 @@
 
 SIGTERM or SIGINT to `python -m final` while streams run: every client gets a last error event
 (`shutting_down`) and `[DONE]`, not a torn chunked read; the server exits 0; and no process of
-its tree (the engine, multiprocessing's helper) is left behind. A hung engine (stopped with
+its tree (the engine, multiprocessing's helper) is left behind. The same when the signal reaches
+every process of the tree at once (a terminal's Ctrl-C, systemd's stop): the children wait for the
+API process, which stops the engine with its Shutdown message. A hung engine (stopped with
 SIGSTOP) is killed after the grace periods; a server killed outright takes its engine along.
 """
 
@@ -97,6 +99,27 @@ def test_a_signal_with_streams_in_flight_ends_every_stream_and_process(default_m
         elapsed = assert_tree_gone(tree, since)
         assert server.proc.wait(5) == 0, server.log()
         print(f"{sig.name}: every process gone after {elapsed:.1f} s")
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_whole_process_group_is_the_servers_to_act_on(default_model_dir, tmp_path, sig):
+    """Red if the engine dies of the signal itself: then no Shutdown message stops it (its log line
+    is missing), and a server that notices the loss first exits 3 as for a crash (an H200 did)."""
+    server = Server(default_model_dir, tmp_path / "server.log", "--num-pages", "8192")
+    try:
+        tree = process_tree(server)
+        streams = start_streams(server)
+        since = time.monotonic()
+        for process in tree:  # what killpg does, without a process group of the server's own
+            process.send_signal(sig)
+        assert_ended_with_shutdown_error(streams)
+        assert_tree_gone(tree, since)
+        assert server.proc.wait(5) == 0, server.log()
+        log = server.log_path.read_text()
+        assert "engine exiting: a Shutdown message arrived" in log, server.log()
+        assert "the engine is lost" not in log, server.log()
     finally:
         server.stop()
 
