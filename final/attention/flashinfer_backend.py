@@ -53,8 +53,10 @@ TENSOR_CORE_MIN_CONTEXT = 768
 # kernel is slower at an even 512 tokens a row (the kernel table's step), faster at 512 on average
 # spread from 64 to 960 (a spread of about 50%) and at 768 spread from 256 to 1,280 (about 38%),
 # as in the offline workload, whose steps took tensor cores at any context 1.3% faster than from 768
-# (session 17). Off until `tc-ab` measures it end to end (FINAL_TC_MIN_SPREAD arms).
-TENSOR_CORE_MIN_SPREAD: int | None = None
+# (session 17). 25% from `tc-ab` end to end on the H200 (sessions 19-20, offline, two runs an arm, in
+# three calls): 1.7%, 2.4% and 3.1% more tok/s than without it; `versus` with it kept the kernel
+# table's batch-256 attention within 1% of Mini-SGLang's (its even contexts have no spread).
+TENSOR_CORE_MIN_SPREAD: int | None = 25
 TENSOR_CORE_ENV = "FINAL_TC_MIN_BATCH"  # overrides it for an A/B (gpu_run.sh tc-ab); 0: never
 TENSOR_CORE_CONTEXT_ENV = "FINAL_TC_MIN_CONTEXT"  # overrides the context bound; 0: any context
 TENSOR_CORE_SPREAD_ENV = "FINAL_TC_MIN_SPREAD"  # overrides the spread bound (percent); 0: off

@@ -98,9 +98,11 @@ def test_the_tensor_core_bounds_and_their_ab_switches(tensor_core_bounds):
     assert b.graph_variants(64) == (True,) and b.graph_variants(8) == (False,)
     switches(4, None, None)
     assert b.graph_variants(8) == (True,)
-    # The spread bound (off as shipped): a step of short, uneven contexts takes tensor cores.
+    # The spread bound (25% as shipped): a step of short, uneven contexts takes tensor cores.
     uneven = SimpleNamespace(size=64, seq_lens=[64, 960] * 32)  # mean 512, spread 87.5%
     even = SimpleNamespace(size=64, seq_lens=[512] * 64)
+    switches(2, None, None)
+    assert fb.TENSOR_CORE_MIN_SPREAD is not None and b.graph_variant(uneven) is True
     switches(2, "64", "768")
     assert b.graph_variant(even) is False
     tensor_core_bounds("64", "768", "25")
