@@ -178,12 +178,18 @@ def assemble(
 
 def flat_metrics(out: dict[str, Any]) -> dict[str, float]:
     """The comparison as the results' flat `metrics` (what the docs' result() reads): per workload
-    each engine's figure and the ratio, per kernel table each engine's GPU microseconds a step."""
+    each engine's figure (the median), its best and worst run (a call where one engine's runs
+    spread widely says so in the docs' own numbers) and the ratio, per kernel table each engine's
+    GPU microseconds a step."""
     metrics: dict[str, float] = {}
-    for workload in MEASURES:
+    for workload, (_, higher) in MEASURES.items():
         if workload in out:
             r = out[workload]
             metrics |= {f"{workload}_final": r["final"], f"{workload}_minisgl": r["mini-sglang"], f"{workload}_ratio": r["ratio"]}  # fmt: skip
+            for engine, key in (("final", "final"), ("mini-sglang", "minisgl")):
+                ordered = sorted(r.get("runs", {}).get(engine, []), reverse=higher)  # best first
+                if ordered:
+                    metrics |= {f"{workload}_{key}_best": ordered[0], f"{workload}_{key}_worst": ordered[-1]}
             if "base" in r:
                 metrics |= {f"{workload}_base": r["base"], f"{workload}_vs_base": r["vs_base"]}
     for row in out.get("kernels", []):

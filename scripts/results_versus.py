@@ -135,6 +135,18 @@ ONLINE_MEASURES = tuple(
             unit="",
             ours_only=True,
         ),  # fmt: skip
+        # The whole load's line over its steady part only: the gaps between the running set's
+        # filling and the last send, without the ramp and the drain (from session 20's calls on).
+        _online(
+            "burst_share_half_decode_step_steady",
+            "gaps < ½ step, steady part (share)",
+            rate,
+            False,
+            rate != "inf",
+            max_ms=BURST_LIMIT,
+            unit="",
+            ours_only=True,
+        ),  # fmt: skip
     )
 )
 

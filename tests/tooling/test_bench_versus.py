@@ -23,7 +23,8 @@ def test_ratios_say_final_is_ahead_above_one() -> None:
     runs = {
         "final": {"offline": [{"metrics": {"output_tok_per_s": 300.0}}, {"metrics": {"output_tok_per_s": 100.0}},
                               {"metrics": {"output_tok_per_s": 200.0}}],
-                  "latency": [{"metrics": {"decode_step_ms": 2.0}}]},
+                  "latency": [{"metrics": {"decode_step_ms": 2.0}}, {"metrics": {"decode_step_ms": 2.5}},
+                              {"metrics": {"decode_step_ms": 1.5}}]},
         "mini-sglang": {"offline": [{"metrics": {"output_tok_per_s": 100.0}}],
                         "latency": [{"metrics": {"decode_step_ms": 3.0}}]},
         "final-base": {"offline": [{"metrics": {"output_tok_per_s": 160.0}}],
@@ -41,6 +42,10 @@ def test_ratios_say_final_is_ahead_above_one() -> None:
     assert out["kernels"][0]["gpu_us_ratio"] == pytest.approx(1.2)
     metrics = bench_versus.flat_metrics(out)
     assert metrics["offline_ratio"] == 2.0 and metrics["latency_vs_base"] == 1.25
+    # Each engine's best and worst run: the fastest throughput, the shortest step.
+    assert (metrics["offline_final_best"], metrics["offline_final_worst"]) == (300.0, 100.0)
+    assert (metrics["latency_final_best"], metrics["latency_final_worst"]) == (1.5, 2.5)
+    assert metrics["latency_minisgl_best"] == metrics["latency_minisgl_worst"] == 3.0
     assert (
         metrics["kernels_b1_t00_base_us"] == 2000.0
         and out["kernels"][0]["final-base"]["gpu_us_per_step"] == 2000.0
