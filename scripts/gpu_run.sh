@@ -53,6 +53,8 @@
 #                 and with FINAL_PDL=0, in one call: final_latency_pdl1_<gpu>.json, _pdl0_; then the
 #                 decode step's kernels at batch 1, 64 and 256 with PDL off, as shipped (the fused K/V
 #                 kernel's up to PDL_MAX_TOKENS) and everywhere: logs/pdl_kernels_{off,shipped,all}.json
+#   latency-trees the batch-1 step of each final/ in .latency-trees/ (scripts/export_trees.sh COMMIT...;
+#                 carry the folder), LATENCY_ROUNDS rounds alternating them: when a step time moved
 #   tc-ab         FlashInfer's decode on tensor cores for Qwen3-0.6B's group of 2, per arm of TC_ARMS
 #                 (batch:context, default "0:0 64:0 64:1024 64:768"): from that batch on (FINAL_TC_MIN_BATCH, 0:
 #                 never) where the step's mean context is at least that (FINAL_TC_MIN_CONTEXT, 0: any):
@@ -434,6 +436,29 @@ run_step() {
           --batch 1 64 256 --temperature 0.0 --json "$out/logs/pdl_kernels_${variant##*:}.json"
       done
       $py -m scripts.results_pdl "$out/logs" ;;  # per batch: busy and fused-kernel time, the bound
+    latency-trees)  # the batch-1 step of several versions of final/ in one call, to find when it moved:
+      # each folder of LATENCY_TREES (default .latency-trees/*, scripts/export_trees.sh) holds a final/;
+      # LATENCY_ROUNDS rounds (default 3), the trees alternating within each, one fresh process a run
+      # (bench_peer.py --final-path: versus's latency workload, --attn auto), then each tree's median
+      local round tree trees=(${LATENCY_TREES:-.latency-trees/*})
+      mkdir -p "$out/logs/latency-trees"
+      for round in $(seq "${LATENCY_ROUNDS:-3}"); do
+        for tree in "${trees[@]}"; do
+          $py -m scripts.bench_peer --engine final --workload latency --model $ckpt --attn auto \
+            --final-path "$tree" --out "$out/logs/latency-trees" --name "$(basename "$tree")_r$round"
+        done
+      done
+      $py - "$out/logs/latency-trees" <<'PY'
+import json, statistics, sys
+from collections import defaultdict
+from pathlib import Path
+steps = defaultdict(list)
+for path in sorted(Path(sys.argv[1]).glob("*_r*.json")):
+    steps[path.stem.rsplit("_r", 1)[0]].append(json.loads(path.read_text())["metrics"]["decode_step_ms"])
+for tree, ms in steps.items():
+    print(f"{tree:>12}: batch-1 step median {statistics.median(ms):.3f} ms, runs {' '.join(f'{m:.3f}' for m in ms)}")
+PY
+      ;;
     tc-ab)  # TC_ARMS: batch:context[:spread] (FINAL_TC_MIN_BATCH, FINAL_TC_MIN_CONTEXT, FINAL_TC_MIN_SPREAD;
       # a context of 0: any; a spread in percent, none or 0: off), e.g. "64:768 64:768:25"
       local arm batch context spread
