@@ -35,6 +35,7 @@ TOOL_CALL_PARSERS = {
     "qwen": "hermes",
     "llama3_json": "llama3_json",
     "llama3": "llama3_json",  # SGLang's name for it
+    "pythonic": "pythonic",  # vLLM's and SGLang's name (Llama 3.2, Llama 4)
 }
 
 
@@ -45,7 +46,8 @@ def tool_call_parser(text: str) -> str:
     if name not in TOOL_CALL_PARSERS:
         raise argparse.ArgumentTypeError(
             f"{text!r}: final/ reads tool calls written as Hermes-style <tool_call> blocks (Qwen2.5 and "
-            "Qwen3, Hermes): hermes (qwen25, qwen), or as Llama 3.1-3.3's JSON: llama3_json (llama3); a "
+            "Qwen3, Hermes): hermes (qwen25, qwen), as Llama 3.1-3.3's JSON: llama3_json (llama3), or as "
+            "a Python list of calls (Llama 3.2, Llama 4): pythonic; a "
             "model that writes its calls otherwise still calls tools under tool_choice 'required' or a "
             "named function, which a grammar enforces"
         )
@@ -86,8 +88,9 @@ class ServeOptions:
     tool_call_parser: str = option(
         "hermes",
         "how tool calls are read from a chat answer under tool_choice auto: hermes, <tool_call> "
-        "blocks (Qwen2.5 and Qwen3, Hermes; SGLang's qwen25 is the same), or llama3_json, the "
-        "answer a JSON call (Llama 3.1-3.3; SGLang's llama3)",
+        "blocks (Qwen2.5 and Qwen3, Hermes; SGLang's qwen25 is the same), llama3_json, the "
+        "answer a JSON call (Llama 3.1-3.3; SGLang's llama3), or pythonic, the answer a Python "
+        "list of calls (Llama 3.2, Llama 4)",
         group=MODEL,
         parse=tool_call_parser,
     )

@@ -193,6 +193,7 @@ def test_vllm_and_sglang_flag_spellings_set_our_fields(argv, field, value):
         (["--tool-call-parser", "qwen25"], "tool_call_parser", "hermes"),  # SGLang's name for it
         (["--tool-call-parser", "llama3_json"], "tool_call_parser", "llama3_json"),  # vLLM
         (["--tool-call-parser", "llama3"], "tool_call_parser", "llama3_json"),  # SGLang
+        (["--tool-call-parser", "pythonic"], "tool_call_parser", "pythonic"),  # vLLM and SGLang
     ],
 )
 def test_vllm_server_flags(argv, field, value):

@@ -136,6 +136,67 @@ def test_a_llama3_stream_sends_text_at_once_and_holds_what_may_be_a_call():
     assert content == "" and [c.name for c in calls] == ["get_weather"]
 
 
+PYTHONIC_CALL = '[get_weather(city="Paris, [France]")]'  # brackets and a comma inside a string
+PYTHONIC_ANSWERS = [
+    PYTHONIC_CALL,
+    "  <|python_start|>" + PYTHONIC_CALL + "<|python_end|>\n",
+    '[get_weather(city="Rome"), add(a=1, b=[2.5, None], c={"k": True})]',
+    "[1] is a footnote, not a call.",
+    "[get_weather()",  # cut off
+    '[get_weather(city="Rome"), unknown_tool()]',
+    '[get_weather("Rome")]',  # positional: which parameter is unknown
+    "[add(a={1, 2})]",  # a set is no JSON value
+    '[add(a=__import__("os").getcwd())]',  # not a literal: never run
+    "[add(**{'a': 1})]",
+    "[]",
+    "Plain text, no call.",
+    "<|python_sta",
+    "\n\n   \n",
+]
+
+
+def test_a_pythonic_answer_is_its_calls_or_else_text():
+    pythonic = tool_formats.FORMATS["pythonic"]
+    content, calls = pythonic.parse(PYTHONIC_ANSWERS[1], NAMES)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris, [France]"})
+    ]
+    content, calls = pythonic.parse(PYTHONIC_ANSWERS[2], NAMES)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Rome"}),
+        ("add", {"a": 1, "b": [2.5, None], "c": {"k": True}}),
+    ]
+    assert [c.name for c in pythonic.parse(PYTHONIC_ANSWERS[2], NAMES, parallel=False)[1]] == ["get_weather"]
+    for text in PYTHONIC_ANSWERS[3:]:
+        assert pythonic.parse(text, NAMES) == (text.strip(), []), text
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("text", PYTHONIC_ANSWERS)
+def test_a_streamed_pythonic_answer_split_anywhere_gives_the_whole_answers(text, parallel):
+    pythonic = tool_formats.FORMATS["pythonic"]
+    want_content, want_calls = pythonic.parse(text, NAMES, parallel)
+    for cut in range(len(text) + 1):
+        stream = pythonic.stream(NAMES, parallel)
+        content, calls = "", []
+        for piece in (text[:cut], text[cut:]):
+            more, new = stream.feed(piece)
+            content, calls = content + more, calls + new
+        more, new = stream.finish()
+        content, calls = content + more, calls + new
+        assert content == (want_content or ""), cut
+        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
+
+
+def test_a_pythonic_stream_sends_text_at_once_and_holds_what_may_be_a_call():
+    stream = tool_formats.FORMATS["pythonic"].stream(NAMES)
+    assert stream.feed("Sure") == ("Sure", [])
+    held = tool_formats.FORMATS["pythonic"].stream(NAMES)
+    assert held.feed("[get_") == ("", []) and held.feed('weather(city="Oslo")]') == ("", [])
+    content, calls = held.finish()
+    assert content == "" and [c.name for c in calls] == ["get_weather"]
+
+
 def test_a_forced_call_schema_compiles_and_its_answer_becomes_calls():
     xgrammar = pytest.importorskip("xgrammar", reason="forced calls need xgrammar")
     declared = [
