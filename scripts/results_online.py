@@ -12,6 +12,7 @@ each); nothing typed by hand, and a GPU with no such call says so.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -180,6 +181,22 @@ def _few_minor(value: float, _position: int) -> str:
     return f"{value:g}" if round(mantissa, 6) in (2.0, 3.0, 5.0) else ""
 
 
+def rate_ticks(call: dict[str, dict[str, Result]], rates: list[str]) -> list[str]:
+    """Each rate's tick: the rate ("saturation" for inf), and under it the number of requests where
+    it is not the most common count of the figure (a long load's rate beside 256-request ones reads
+    otherwise as if its queue were the rate's alone)."""
+    counts = {rate: next((kind[rate].config.get("num_requests") for kind in call.values() if rate in kind), None)
+              for rate in rates}  # fmt: skip
+    usual = Counter(counts.values()).most_common(1)[0][0] if counts else None
+    ticks = []
+    for rate in rates:
+        tick = "saturation" if rate == "inf" else rate
+        if counts[rate] and counts[rate] != usual:
+            tick += f"\n({int(counts[rate]):,} requests)"
+        ticks.append(tick)
+    return ticks
+
+
 def plot(results: list[Result], target: Path) -> bool:
     """TTFT p50 and the share of bursts against the rate, a line per server, a row of panels per GPU;
     False (and no file) when no call has both servers. Not ITL p50: a burst of tokens microseconds
@@ -204,7 +221,7 @@ def plot(results: list[Result], target: Path) -> bool:
                           if kind in call and rate in call[kind] and metric in call[kind][rate].metrics]  # fmt: skip
                 if points:
                     ax.plot(*zip(*points, strict=True), marker=marker, color=color, label=name)
-            ax.set_xticks(range(len(labels)), [("saturation" if r == "inf" else r) for r in labels])
+            ax.set_xticks(range(len(labels)), rate_ticks(call, labels))
             from matplotlib.ticker import FuncFormatter
 
             if log:  # plain numbers on the log axis (20, 30, 50, not 2 x 10^1), a few per decade

@@ -303,6 +303,12 @@ def test_the_online_caption_says_how_many_requests_each_call_sent():
     assert "`c1`: 8 req/s, 256 requests a rate; `c2`: 64 req/s, 1,024 requests a rate" in h200
     one = results_online.render(results[:2]).split("### H200")[1]
     assert "One device call (`c1`, 256 requests a rate)" in one
+    # The plot's ticks say it too, for a count that is not the figure's usual one (and only there).
+    device = results_online.devices(results)[0]
+    call = results_online.newest_call(results, device)
+    call["final"]["32"] = call["final"]["8"]  # a second rate of 256: the usual count
+    assert results_online.rate_ticks(call, ["8", "32", "64"]) == ["8", "32", "64\n(1,024 requests)"]
+    assert results_online.rate_ticks(results_online.newest_call(results[:2], device), ["8"]) == ["8"]
 
 
 def test_client_processes_share_the_requests_round_robin():
