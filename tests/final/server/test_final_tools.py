@@ -47,23 +47,6 @@ def test_a_whole_answer_gives_its_calls_and_the_text_around_them():
         assert tools.parse(text, NAMES) == (text.strip(), [])
 
 
-@pytest.mark.parametrize("parallel", [True, False])
-@pytest.mark.parametrize("text", ANSWERS)
-def test_a_streamed_answer_split_anywhere_gives_the_whole_answers_content_and_calls(text, parallel):
-    want_content, want_calls = tools.parse(text, NAMES, parallel)
-    for cut in range(len(text) + 1):
-        for pieces in ([text[:cut], text[cut:]], [text[:cut], *text[cut:]]):  # then one character at a time
-            stream = tools.CallStream(NAMES, parallel)
-            content, calls = "", []
-            for piece in pieces:
-                more, new = stream.feed(piece)
-                content, calls = content + more, calls + new
-            more, new = stream.finish()
-            content, calls = content + more, calls + new
-            assert content == (want_content or ""), (cut, pieces)
-            assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
-
-
 def test_nothing_that_may_start_a_tag_is_sent_as_text_too_early():
     stream = tools.CallStream(NAMES)
     assert stream.feed("Hello <tool") == ("Hello", [])
@@ -110,23 +93,6 @@ def test_a_llama3_json_answer_is_its_calls_or_else_text():
         assert llama.parse(text, NAMES) == (text.strip(), [])
 
 
-@pytest.mark.parametrize("parallel", [True, False])
-@pytest.mark.parametrize("text", LLAMA_ANSWERS)
-def test_a_streamed_llama3_json_answer_split_anywhere_gives_the_whole_answers(text, parallel):
-    llama = tool_formats.FORMATS["llama3_json"]
-    want_content, want_calls = llama.parse(text, NAMES, parallel)
-    for cut in range(len(text) + 1):
-        stream = llama.stream(NAMES, parallel)
-        content, calls = "", []
-        for piece in (text[:cut], text[cut:]):
-            more, new = stream.feed(piece)
-            content, calls = content + more, calls + new
-        more, new = stream.finish()
-        content, calls = content + more, calls + new
-        assert content == (want_content or ""), cut
-        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
-
-
 def test_a_llama3_stream_sends_text_at_once_and_holds_what_may_be_a_call():
     stream = tool_formats.FORMATS["llama3_json"].stream(NAMES)
     assert stream.feed("Sure") == ("Sure", [])  # not a call: text as it comes
@@ -171,21 +137,30 @@ def test_a_pythonic_answer_is_its_calls_or_else_text():
         assert pythonic.parse(text, NAMES) == (text.strip(), []), text
 
 
+# Every format's test answers, for the test below: (the --tool-call-parser format, an answer).
+STREAMED = (
+    [("hermes", text) for text in ANSWERS]
+    + [("llama3_json", text) for text in LLAMA_ANSWERS]
+    + [("pythonic", text) for text in PYTHONIC_ANSWERS]
+)
+
+
 @pytest.mark.parametrize("parallel", [True, False])
-@pytest.mark.parametrize("text", PYTHONIC_ANSWERS)
-def test_a_streamed_pythonic_answer_split_anywhere_gives_the_whole_answers(text, parallel):
-    pythonic = tool_formats.FORMATS["pythonic"]
-    want_content, want_calls = pythonic.parse(text, NAMES, parallel)
+@pytest.mark.parametrize(("name", "text"), STREAMED)
+def test_a_streamed_answer_split_anywhere_gives_the_whole_answers_content_and_calls(name, text, parallel):
+    reader = tool_formats.FORMATS[name]
+    want_content, want_calls = reader.parse(text, NAMES, parallel)
     for cut in range(len(text) + 1):
-        stream = pythonic.stream(NAMES, parallel)
-        content, calls = "", []
-        for piece in (text[:cut], text[cut:]):
-            more, new = stream.feed(piece)
+        for pieces in ([text[:cut], text[cut:]], [text[:cut], *text[cut:]]):  # then one character at a time
+            stream = reader.stream(NAMES, parallel)
+            content, calls = "", []
+            for piece in pieces:
+                more, new = stream.feed(piece)
+                content, calls = content + more, calls + new
+            more, new = stream.finish()
             content, calls = content + more, calls + new
-        more, new = stream.finish()
-        content, calls = content + more, calls + new
-        assert content == (want_content or ""), cut
-        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
+            assert content == (want_content or ""), (cut, pieces)
+            assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
 
 
 def test_a_pythonic_stream_sends_text_at_once_and_holds_what_may_be_a_call():
