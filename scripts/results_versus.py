@@ -106,6 +106,18 @@ def _online(metric: str, title: str, rate: str, higher: bool, goal: bool, **kw) 
     return Measure("online", metric, f"online {rate} req/s, {title}", higher, GOAL_DEVICES if goal else (), rate=rate, **kw)  # fmt: skip
 
 
+# Issue 27's smooth-stream line, drawn three ways (scripts/stream_metrics.py): against one median
+# decode step for the whole load; against the decode steps around each gap, since a load's batch
+# ramps up and down with its arrivals; and the whole load's line over its steady part only (the
+# gaps between the running set's filling and the last send, from session 20's calls on). The last
+# two need the engine's step times, which Mini-SGLang's server does not report: (metric, title,
+# final/ only).
+BURST_LINES = (
+    ("burst_share_half_step", "gaps < ½ step (share)", False),
+    ("burst_share_local_step", "gaps < ½ local step (share)", True),
+    ("burst_share_half_decode_step_steady", "gaps < ½ step, steady part (share)", True),
+)
+
 ONLINE_MEASURES = tuple(
     m
     for rate in ONLINE_RATES
@@ -113,40 +125,10 @@ ONLINE_MEASURES = tuple(
         _online("output_tok_per_s", "tok/s", rate, True, True, min_speedup=1.0),
         _online("ttft_ms_p50", "TTFT p50 (ms)", rate, False, rate in LOADED_RATES, min_speedup=1.0),
         _online("ttft_ms_p99", "TTFT p99 (ms)", rate, False, rate in LOADED_RATES, min_speedup=1.0),
-        _online(
-            "burst_share_half_step",
-            "gaps < ½ step (share)",
-            rate,
-            False,
-            rate != "inf",
-            max_ms=BURST_LIMIT,
-            unit="",
-        ),  # fmt: skip
-        # The same line drawn from the decode steps around each gap, not one median for the whole
-        # load, whose batch ramps up and down with its arrivals (scripts/stream_metrics.py); it
-        # needs the engine's step times, which Mini-SGLang's server does not report.
-        _online(
-            "burst_share_local_step",
-            "gaps < ½ local step (share)",
-            rate,
-            False,
-            rate != "inf",
-            max_ms=BURST_LIMIT,
-            unit="",
-            ours_only=True,
-        ),  # fmt: skip
-        # The whole load's line over its steady part only: the gaps between the running set's
-        # filling and the last send, without the ramp and the drain (from session 20's calls on).
-        _online(
-            "burst_share_half_decode_step_steady",
-            "gaps < ½ step, steady part (share)",
-            rate,
-            False,
-            rate != "inf",
-            max_ms=BURST_LIMIT,
-            unit="",
-            ours_only=True,
-        ),  # fmt: skip
+        *(
+            _online(metric, title, rate, False, rate != "inf", max_ms=BURST_LIMIT, unit="", ours_only=ours)
+            for metric, title, ours in BURST_LINES
+        ),
     )
 )
 
