@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from itertools import accumulate
 
 import torch
@@ -195,21 +196,24 @@ class FlashInferBackend(AttentionBackend):
                 kv_data_type=kv_dtype,
             )
 
-    def use_tensor_cores(self, batch_size: int, context: float, spread: float = 0.0) -> bool:
+    def use_tensor_cores(
+        self, batch_size: int, context: float, spread: Callable[[], float] = lambda: 0.0
+    ) -> bool:
         """FlashInfer's decode on tensor cores (its prefill kernel with one query per request) or
         on CUDA cores, for a step of `batch_size` rows of `context` KV tokens each on average.
         Tensor cores pay off once several query heads share a KV head (4 or more); groups that are
         not a power of two (SmolLM2: 3) take them too: the path the GPU tests ran for that layout.
         An FP8 pool always does (issue 32's H200 table: tensor cores were faster at every shape
         measured there). Smaller groups from TENSOR_CORE_MIN_BATCH rows and TENSOR_CORE_MIN_CONTEXT
-        tokens on, or contexts spread by TENSOR_CORE_MIN_SPREAD percent, as measured (above)."""
+        tokens on, or contexts spread by TENSOR_CORE_MIN_SPREAD percent, as measured (above);
+        `spread` computes it (a pass over the rows), called only where it decides."""
         group = self.group
         if self.pool.is_fp8 or group >= 4 or group & (group - 1) != 0:
             return True
         min_batch, min_context, min_spread = tensor_core_bounds()
         if min_batch is None or batch_size < min_batch:
             return False
-        return context >= min_context or (min_spread is not None and spread >= min_spread)
+        return context >= min_context or (min_spread is not None and spread() >= min_spread)
 
     def graph_variants(self, size: int) -> tuple[bool, ...]:
         """Whether each decode graph of `size` rows runs on tensor cores: a graph for each kernel a
@@ -218,9 +222,7 @@ class FlashInferBackend(AttentionBackend):
         return (short,) if short == long else (short, long)
 
     def graph_variant(self, batch: ForwardBatch) -> bool:
-        # The spread, a pass over the rows, only where a bound on it is set.
-        spread = context_spread(batch.seq_lens) if tensor_core_bounds()[2] is not None else 0.0
-        return self.use_tensor_cores(batch.size, mean_context(batch), spread)
+        return self.use_tensor_cores(batch.size, mean_context(batch), lambda: context_spread(batch.seq_lens))
 
     def _decode_wrapper(self, tensor_cores: bool):
         if tensor_cores not in self.decode_wrappers:

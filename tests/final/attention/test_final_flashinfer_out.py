@@ -51,7 +51,7 @@ def test_the_buffer_takes_v_head_dim_not_q_head_dim():
     assert b.prefill_wrapper.calls[0][2].shape == (3, 4, 6)
 
 
-def test_the_tensor_core_bounds_and_their_ab_switches(tensor_core_bounds):
+def test_the_tensor_core_bounds_and_their_ab_switches(tensor_core_bounds, monkeypatch):
     """Decode on tensor cores for a group of 2 (Qwen3-0.6B) from TENSOR_CORE_MIN_BATCH rows and
     TENSOR_CORE_MIN_CONTEXT tokens a row on; FINAL_TC_MIN_BATCH (0: never) and FINAL_TC_MIN_CONTEXT
     (0: any context) override them for gpu_run.sh tc-ab, and a non-number is the user's error.
@@ -109,6 +109,12 @@ def test_the_tensor_core_bounds_and_their_ab_switches(tensor_core_bounds):
     assert b.graph_variant(uneven) is True and b.graph_variant(even) is False
     uneven.size, uneven.seq_lens = 32, uneven.seq_lens[:32]  # under the batch bound: never
     assert b.graph_variant(uneven) is False
+    # ... nor is the spread computed there (a pass over the rows every decode step), nor where the
+    # mean context already decides.
+    long_even = SimpleNamespace(size=64, seq_lens=[1024] * 64)
+    with monkeypatch.context() as m:
+        m.setattr(fb, "context_spread", lambda seq_lens: pytest.fail("spread computed"))
+        assert b.graph_variant(uneven) is False and b.graph_variant(long_even) is True
     tensor_core_bounds("64", "768", "90")
     assert b.graph_variant(SimpleNamespace(size=64, seq_lens=[64, 960] * 32)) is False
     tensor_core_bounds("64", "768", "0")  # 0: the spread does not count
