@@ -440,6 +440,7 @@ run_step() {
       # each folder of LATENCY_TREES (default .latency-trees/*, scripts/export_trees.sh) holds a final/;
       # LATENCY_ROUNDS rounds (default 3), the trees alternating within each, one fresh process a run
       # (bench_peer.py --final-path: versus's latency workload, --attn auto), then each tree's median
+      # into final_latency_trees_<gpu>.json (scripts/latency_trees.py)
       local round tree trees=(${LATENCY_TREES:-.latency-trees/*})
       mkdir -p "$out/logs/latency-trees"
       for round in $(seq "${LATENCY_ROUNDS:-3}"); do
@@ -448,16 +449,7 @@ run_step() {
             --final-path "$tree" --out "$out/logs/latency-trees" --name "$(basename "$tree")_r$round"
         done
       done
-      $py - "$out/logs/latency-trees" <<'PY'
-import json, statistics, sys
-from collections import defaultdict
-from pathlib import Path
-steps = defaultdict(list)
-for path in sorted(Path(sys.argv[1]).glob("*_r*.json")):
-    steps[path.stem.rsplit("_r", 1)[0]].append(json.loads(path.read_text())["metrics"]["decode_step_ms"])
-for tree, ms in steps.items():
-    print(f"{tree:>12}: batch-1 step median {statistics.median(ms):.3f} ms, runs {' '.join(f'{m:.3f}' for m in ms)}")
-PY
+      $py -m scripts.latency_trees "$out/logs/latency-trees" --out "$results" --gpu "$gpu"
       ;;
     tc-ab)  # TC_ARMS: batch:context[:spread] (FINAL_TC_MIN_BATCH, FINAL_TC_MIN_CONTEXT, FINAL_TC_MIN_SPREAD;
       # a context of 0: any; a spread in percent, none or 0: off), e.g. "64:768 64:768:25"

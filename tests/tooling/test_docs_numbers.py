@@ -139,7 +139,6 @@ ALLOWED: list[tuple[str, str, str]] = [
     ("docs/serving/performance.md", "GPU idle under 5%", GOAL + " (issue 31)"),
     ("docs/serving/performance.md", "past the 1.05× the goal requires and past the 1.15× it aims at", GOAL),
     ("docs/serving/performance.md", "around the 1.05× line", GOAL),
-    ("docs/serving/performance.md", "the tensor-core spread bound of 25% set", SETTING + " (TENSOR_CORE_MIN_SPREAD)"),
     ("docs/serving/attention.md", "It ships at 25%", SETTING + " (TENSOR_CORE_MIN_SPREAD)"),
     ("docs/serving/performance.md", "under the 1.5 ms goal", GOAL),
     ("docs/serving/performance.md", "where the goal asks for under 5%", GOAL),
