@@ -3,7 +3,10 @@
 The server's client talks to the detokenizer process (detokenizer_process.py), which stands between
 it and the engine: it PUSHes AddRequest / AbortRequest / StatsQuery there and PULLs each step's
 text (engine/wire.py) and EngineStats back. Its receiving task hands each request its share of a
-step in one `TokenUpdate` through its `Mailbox` (mailbox.py): one wake-up per request per step.
+step in one `TokenUpdate` through its `Mailbox` (mailbox.py): one wake-up per request per step
+while the process keeps up. When it runs late (a step's tokens older than BEHIND_S), it delivers
+the steps already waiting, up to CATCH_UP_STEPS, before the requests run: one wake-up and one
+write per stream for all of them (server/streaming.py), so the lag shrinks instead of growing.
 The shell's client talks to the engine process directly (one request: it detokenizes itself).
 Sends never wait on the other side (a PUSH queues the message), so an abort from a cancelled task
 always goes out.
@@ -15,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import pickle
+import time
 from collections.abc import Callable, Iterator
 
 import zmq
@@ -38,6 +42,11 @@ log = logging.getLogger(__name__)
 
 ENGINE_GONE = "the engine process stopped"
 NUDGE_S = 0.5  # how often a waiting request is woken to check that its client is still there
+# A step whose tokens the engine had this long ago (its `tokens_at`, the machine's monotonic clock)
+# finds the process behind: several engine steps of a loaded server (5-10 ms each on an H200), far
+# above the few ms a token spends in the detokenizer and this process while they keep up.
+BEHIND_S = 0.05
+CATCH_UP_STEPS = 16  # steps delivered at most before the requests run: a turn stays short
 
 
 class AsyncEngineClient:
@@ -123,22 +132,48 @@ class AsyncEngineClient:
                     self.engine_lost(lost)
                     return
                 continue
-            try:
-                msg = decode(await self.receiver.recv_multipart(copy=False))
-            except Exception:  # a message we cannot read must not stop every other request
-                log.exception("unreadable message from the engine")
-                continue
-            if isinstance(msg, StepColumns):
-                self._deliver(msg)
-                # Let the requests just woken write their frames before the next step is read: a
-                # loop that runs late then serves one step per turn, each stream's frames a step
-                # apart, instead of handing a request two steps to write back to back.
+            frames: list[zmq.Frame] | None = await self.receiver.recv_multipart(copy=False)
+            steps = 0
+            while frames is not None:
+                msg = self._read(frames)
+                if isinstance(msg, StepColumns):
+                    self._deliver(msg)
+                    steps += 1
+                    # On time: let the requests just woken write their frames before the next
+                    # step is read, so each stream's frames leave a step apart. Behind: deliver
+                    # the steps already here first (module docstring).
+                    if steps >= CATCH_UP_STEPS or not self._behind(msg):
+                        break
+                elif isinstance(msg, EngineStats):
+                    self._stats_arrived(msg)
+                frames = self._waiting_message()
+            if steps:
                 await asyncio.sleep(0)
-            elif isinstance(msg, EngineStats):
-                self.last_stats = msg
-                future = self.stats_waiters.get(msg.query_id)
-                if future is not None and not future.done():
-                    future.set_result(msg)
+
+    @staticmethod
+    def _read(frames: list[zmq.Frame]) -> object:
+        try:
+            return decode(frames)
+        except Exception:  # a message we cannot read must not stop every other request
+            log.exception("unreadable message from the engine")
+            return None
+
+    def _waiting_message(self) -> list[zmq.Frame] | None:
+        """The next message if one is already here, without waiting (None otherwise)."""
+        try:
+            return self.receiver.recv_multipart(zmq.NOBLOCK, copy=False).result()
+        except zmq.Again:
+            return None
+
+    @staticmethod
+    def _behind(step: StepColumns) -> bool:
+        return bool(step.tokens_at) and time.monotonic() - step.tokens_at > BEHIND_S
+
+    def _stats_arrived(self, msg: EngineStats) -> None:
+        self.last_stats = msg
+        future = self.stats_waiters.get(msg.query_id)
+        if future is not None and not future.done():
+            future.set_result(msg)
 
     def _deliver(self, step: StepColumns) -> None:
         """Each row of a detokenized step to its request: one update, one wake-up."""

@@ -2,7 +2,8 @@
 
 `check_request` (and admission.py) raise APIErrors before anything is sent to the engine, so a
 bad request gets a 400 or 503 (never a hung stream). `submit` hands the checked jobs to the engine;
-`generate` follows one of them: it yields its TokenUpdates (text included) and, however it ends
+`generate` follows one of them: it yields its TokenUpdates (text included), each with whether
+another is already in hand (a stream writes what is in hand in one send), and, however it ends
 (finished, stop string, client gone, task cancelled), releases the request, aborting it in the
 engine if it is still running there, so its KV pages come back; `abandon` does that for a job no
 `generate` ever followed.
@@ -14,6 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..core.errors import ContextLengthError, UserError
@@ -79,9 +81,11 @@ class Served:
 
 async def generate(
     state: ServerState, started: Started, is_disconnected: Callable[[], Awaitable[bool]]
-) -> AsyncIterator[tuple[TokenUpdate, Served]]:
+) -> AsyncIterator[tuple[TokenUpdate, Served, bool]]:
     """The request's updates, one per engine step that gave it tokens (never two steps merged:
-    each becomes its own frame), as they come."""
+    each becomes its own frame), as they come, each with `more`: whether the next one is already
+    here (the API process delivered several steps at once because it ran late), so that a stream
+    can write them in one send."""
     client, metrics = state.client, state.metrics
     mailbox, request = started.mailbox, started.request
     rid = request.rid
@@ -94,7 +98,7 @@ async def generate(
                 last_check = time.monotonic()
                 if await is_disconnected():
                     raise ClientGone
-            for update in updates:
+            for i, update in enumerate(updates):
                 request.apply(update)
                 if update.token_ids:
                     now = time.perf_counter()
@@ -107,7 +111,7 @@ async def generate(
                     metrics.generation_tokens += len(update.token_ids)
                     if update.tokens_at:
                         metrics.frontend.observe(time.monotonic() - update.tokens_at)
-                yield update, request
+                yield update, request, i + 1 < len(updates) and not request.finished
                 if request.finished:
                     break
     finally:
@@ -174,14 +178,15 @@ def abandon(state: ServerState, started: list[Started]) -> None:
 
 async def generate_many(
     state: ServerState, started: list[Started], is_disconnected: Callable[[], Awaitable[bool]]
-) -> AsyncIterator[tuple[int, TokenUpdate, Served]]:
+) -> AsyncIterator[tuple[int, TokenUpdate, Served, bool]]:
     """Every started job followed concurrently, their deltas interleaved as they come: (index,
-    delta, state). However it ends, no job stays in the engine unfollowed."""
+    delta, state, more), `more` when another delta of any job is already here. However it ends,
+    no job stays in the engine unfollowed."""
     try:
         if len(started) == 1:
             one = started[0]
-            async for out, request in generate(state, one, is_disconnected):
-                yield one.job.index, out, request
+            async for out, request, more in generate(state, one, is_disconnected):
+                yield one.job.index, out, request, more
             return
         async for item in _interleaved(state, started, is_disconnected):
             yield item
@@ -191,13 +196,14 @@ async def generate_many(
 
 async def _interleaved(
     state: ServerState, started: list[Started], is_disconnected: Callable[[], Awaitable[bool]]
-) -> AsyncIterator[tuple[int, TokenUpdate, Served]]:
-    merged: asyncio.Queue[tuple[int, TokenUpdate, Served] | Exception | None] = asyncio.Queue()
+) -> AsyncIterator[tuple[int, TokenUpdate, Served, bool]]:
+    Item = tuple[int, TokenUpdate, Served, bool]
+    merged: asyncio.Queue[Item | Exception | None] = asyncio.Queue()
 
     async def pump(one: Started) -> None:
         try:
-            async for out, request in generate(state, one, is_disconnected):
-                await merged.put((one.job.index, out, request))
+            async for out, request, more in generate(state, one, is_disconnected):
+                await merged.put((one.job.index, out, request, more))
         except Exception as err:  # handed to the consumer, which re-raises it
             await merged.put(err)
             return
@@ -206,14 +212,20 @@ async def _interleaved(
     tasks = [asyncio.create_task(pump(one)) for one in started]
     try:
         done = 0
+        here: deque[Item | Exception | None] = deque()  # taken off the queue, not yet handled
         while done < len(started):
-            item = await merged.get()
-            if item is None:
+            if not here:
+                here.append(await merged.get())
+            while not merged.empty():
+                here.append(merged.get_nowait())
+            item = here.popleft()
+            if item is None:  # a job's end
                 done += 1
             elif isinstance(item, Exception):
                 raise item
-            else:
-                yield item
+            else:  # more: another delta is here (a job's end is not one)
+                index, out, request, more = item
+                yield index, out, request, more or any(isinstance(x, tuple) for x in here)
     finally:
         for task in tasks:
             task.cancel()

@@ -87,7 +87,7 @@ async def _collect(state: ServerState, jobs: list[Job], http: Request) -> tuple[
     choices = [Choice() for _ in jobs]
     cached = 0
     async with aclosing(generate_many(state, submit(state, jobs), http.is_disconnected)) as deltas:
-        async for index, out, request in deltas:
+        async for index, out, request, _ in deltas:
             if out.finish_reason == "error":
                 raise engine_error(request)
             choice = choices[index]
