@@ -91,7 +91,8 @@
 #                 and its engine's step trace: logs/steps_<name>.jsonl.gz, logs/bursts_<name>.json;
 #                 about 2 minutes a server on an H200 with the FlashInfer cache carried (80 s of
 #                 requests: 256 at 8/s alone take 32 s), 7 minutes with `ckpt`: under the 10-minute
-#                 limit; each server's results are packed into $OUT/partial-online.tar as soon as they exist
+#                 limit; each server's results are packed into $OUT/partial-online.tar as soon as they exist;
+#                 ONLINE_SERVERS (default "mixed prefill-first minisgl") picks which servers run
 #   fiws-save     end a call with it: FlashInfer's JIT cache into $OUT/fiws.tar.N (15 MB parts); copy
 #                 them to .fiws-cache/full/ here (fiws-stash and fiws-restore bring them back)
 #   fiws-stash    a carried part of the cache (.fiws-cache/full/fiws.tar.N) kept in /tmp/fiws-parts/: a
@@ -344,10 +345,14 @@ run_step() {
       }
       # final/ as served: --attn auto (Hopper: FlashAttention 4's prefill, FlashInfer's decode)
       # unless ONLINE_FINAL_ATTN names one; Mini-SGLang with FlashInfer, its FA3 kernel not on the host.
-      local attn=${ONLINE_FINAL_ATTN:-auto}
-      online final_online_$gpu final --port 19190 --final-args "--attn $attn"
-      online final_online_prefill_first_$gpu final --port 19191 --final-args "--attn $attn --chunk-policy prefill-first"
-      PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH online peer_minisgl_online_$gpu mini-sglang --port 19290
+      # ONLINE_SERVERS (default "mixed prefill-first minisgl"): which of the three run, e.g. "mixed"
+      # alone for a reading of final/'s server by itself (not a pair: the page pairs by run id).
+      local attn=${ONLINE_FINAL_ATTN:-auto} servers=" ${ONLINE_SERVERS:-mixed prefill-first minisgl} "
+      [[ $servers == *" mixed "* ]] && online final_online_$gpu final --port 19190 --final-args "--attn $attn"
+      [[ $servers == *" prefill-first "* ]] && online final_online_prefill_first_$gpu final --port 19191 \
+        --final-args "--attn $attn --chunk-policy prefill-first"
+      [[ $servers == *" minisgl "* ]] && PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH online peer_minisgl_online_$gpu \
+        mini-sglang --port 19290
       return $status
       ;;
     bench-stage01)
