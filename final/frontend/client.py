@@ -4,9 +4,10 @@ The server's client talks to the detokenizer process (detokenizer_process.py), w
 it and the engine: it PUSHes AddRequest / AbortRequest / StatsQuery there and PULLs each step's
 text (engine/wire.py) and EngineStats back. Its receiving task hands each request its share of a
 step in one `TokenUpdate` through its `Mailbox` (mailbox.py): one wake-up per request per step
-while the process keeps up. When it runs late (a step's tokens older than BEHIND_S), it delivers
-the steps already waiting, up to CATCH_UP_STEPS, before the requests run: one wake-up and one
-write per stream for all of them (server/streaming.py), so the lag shrinks instead of growing.
+while the process keeps up. When it runs late (a step's tokens older than `catch_up_s`, the
+server's --stream-catch-up-ms), it delivers the steps already waiting, up to CATCH_UP_STEPS, before
+the requests run: one wake-up and one write per stream for all of them (server/streaming.py), so
+the lag shrinks instead of growing, and those streams' frames arrive in bunches.
 The shell's client talks to the engine process directly (one request: it detokenizes itself).
 Sends never wait on the other side (a PUSH queues the message), so an abort from a cancelled task
 always goes out.
@@ -37,21 +38,28 @@ from ..engine.wire import FINISH_REASONS, StepColumns, decode
 from ..runtime.process import EngineProcess
 from .detokenizer_process import DetokenizerProcess
 from .mailbox import Mailbox, TokenUpdate
+from .options import DEFAULT_CATCH_UP_MS
 
 log = logging.getLogger(__name__)
 
 ENGINE_GONE = "the engine process stopped"
 NUDGE_S = 0.5  # how often a waiting request is woken to check that its client is still there
-# A step whose tokens the engine had this long ago (its `tokens_at`, the machine's monotonic clock)
-# finds the process behind: several engine steps of a loaded server (5-10 ms each on an H200), far
-# above the few ms a token spends in the detokenizer and this process while they keep up.
-BEHIND_S = 0.05
+# Off by default (--stream-catch-up-ms 0): past saturation the lag then grows with the load, but
+# every stream's frames stay a step apart (issue 27). 50 ms, the value measured: several engine
+# steps of a loaded server (5-10 ms each on an H200), far above the few ms a token spends in the
+# detokenizer and this process while they keep up (docs/serving/index.md has both readings).
+BEHIND_S = DEFAULT_CATCH_UP_MS / 1000 or None
 CATCH_UP_STEPS = 16  # steps delivered at most before the requests run: a turn stays short
 
 
 class AsyncEngineClient:
-    def __init__(self, engine: EngineProcess, detokenizer: DetokenizerProcess):
+    def __init__(
+        self, engine: EngineProcess, detokenizer: DetokenizerProcess, catch_up_s: float | None = BEHIND_S
+    ):
+        """`catch_up_s`: how old a step's tokens are when this process counts as behind (module
+        docstring); None: never, every step is delivered on a turn of its own."""
         self.engine, self.detokenizer = engine, detokenizer
+        self.catch_up_s = catch_up_s
         self.rids = itertools.count()
         self.query_ids = itertools.count(1)
         self.mailboxes: dict[int, Mailbox] = {}
@@ -165,9 +173,9 @@ class AsyncEngineClient:
         except zmq.Again:
             return None
 
-    @staticmethod
-    def _behind(step: StepColumns) -> bool:
-        return bool(step.tokens_at) and time.monotonic() - step.tokens_at > BEHIND_S
+    def _behind(self, step: StepColumns) -> bool:
+        limit = self.catch_up_s
+        return limit is not None and bool(step.tokens_at) and time.monotonic() - step.tokens_at > limit
 
     def _stats_arrived(self, msg: EngineStats) -> None:
         self.last_stats = msg

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..frontend.client import AsyncEngineClient
+from ..frontend.client import BEHIND_S, AsyncEngineClient
 from ..frontend.detokenizer_process import DetokenizerProcess
 from ..frontend.engine_monitor import EngineMonitor, Liveness
 from ..runtime.process import EngineProcess
@@ -42,14 +42,16 @@ def create_app(
     host_names: frozenset[str] | None = frozenset(),
     liveness: Liveness | None = None,
     on_engine_lost: Callable[[], None] | None = None,
+    catch_up_s: float | None = BEHIND_S,
 ) -> FastAPI:
     """`host_names`: what the Host header may name besides IP addresses and localhost (hosts.py;
-    None: anything). `on_engine_lost`: called once, on the event loop, when the engine is lost."""
+    None: anything). `on_engine_lost`: called once, on the event loop, when the engine is lost.
+    `catch_up_s`: when the API process counts as behind (frontend/client.py; None: never)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The client's sockets belong to the server's event loop, so they are made here.
-        client = AsyncEngineClient(engine, detokenizer)
+        client = AsyncEngineClient(engine, detokenizer, catch_up_s)
         client.on_lost = on_engine_lost
         client.start()
         monitor = EngineMonitor(engine, liveness or Liveness(), client.engine_lost, detokenizer)

@@ -193,6 +193,7 @@ def run_http(
         ),
         liveness=Liveness(args.engine_silence_timeout, args.engine_step_timeout),
         on_engine_lost=on_engine_lost,
+        catch_up_s=args.stream_catch_up_ms / 1000 if args.stream_catch_up_ms else None,
     )
     uv_config = uvicorn.Config(
         DirectSend(app),  # outside even Starlette's own error middleware (event_stream.py says why)

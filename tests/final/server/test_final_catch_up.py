@@ -57,7 +57,7 @@ def step(rid: int, token: int, tokens_at: float, last: bool = False) -> list:
     return encode(StepColumns([rid], [1], [token], [finish], [0], tokens_at=tokens_at, texts=[f"t{token}"]))
 
 
-def updates_per_wakeup(tokens_at: float, steps: int = 5) -> list[list[str]]:
+def updates_per_wakeup(tokens_at: float, steps: int = 5, **client_args) -> list[list[str]]:
     """A request's mailbox read by its own task while the receiving task delivers `steps` steps
     that are all waiting, stamped `tokens_at`: the texts each wake-up of the request found."""
 
@@ -68,7 +68,7 @@ def updates_per_wakeup(tokens_at: float, steps: int = 5) -> list[list[str]]:
             output_addr="inproc://catch-up-out",
             is_alive=lambda: True,
         )
-        client = AsyncEngineClient(engine, detok)  # type: ignore[arg-type]
+        client = AsyncEngineClient(engine, detok, **client_args)  # type: ignore[arg-type]
         rid, mailbox = client.submit([1, 2, 3], SamplingParams(max_tokens=steps))
         client.receiver.close(linger=0)
         client.receiver = Receiver([step(rid, t, tokens_at, t == steps - 1) for t in range(steps)])
@@ -94,12 +94,23 @@ def test_on_time_each_step_wakes_the_request_apart():
 
 
 def test_behind_the_waiting_steps_reach_the_request_in_one_wakeup():
-    assert updates_per_wakeup(time.monotonic() - 60) == [["t0", "t1", "t2", "t3", "t4"]]
+    assert updates_per_wakeup(time.monotonic() - 60, catch_up_s=0.05) == [["t0", "t1", "t2", "t3", "t4"]]
+
+
+def test_the_bound_is_the_servers_and_off_by_default():
+    # --stream-catch-up-ms: a step a minute old is not behind under a two-minute bound, nor with
+    # the catching up off (0 on the command line, the default: None here).
+    late = time.monotonic() - 60
+    assert updates_per_wakeup(late) == [["t0"], ["t1"], ["t2"], ["t3"], ["t4"]]
+    assert updates_per_wakeup(late, catch_up_s=120.0) == [["t0"], ["t1"], ["t2"], ["t3"], ["t4"]]
+    assert updates_per_wakeup(late, catch_up_s=None) == [["t0"], ["t1"], ["t2"], ["t3"], ["t4"]]
+    assert updates_per_wakeup(late, catch_up_s=30.0) == [["t0", "t1", "t2", "t3", "t4"]]
 
 
 def test_a_turn_delivers_at_most_catch_up_steps(monkeypatch):
     monkeypatch.setattr(client_module, "CATCH_UP_STEPS", 2)
-    assert updates_per_wakeup(time.monotonic() - 60) == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    late = time.monotonic() - 60
+    assert updates_per_wakeup(late, catch_up_s=0.05) == [["t0", "t1"], ["t2", "t3"], ["t4"]]
 
 
 # ---------------------------------------------------------------------------------------------
