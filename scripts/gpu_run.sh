@@ -92,7 +92,8 @@
 #                 about 2 minutes a server on an H200 with the FlashInfer cache carried (80 s of
 #                 requests: 256 at 8/s alone take 32 s), 7 minutes with `ckpt`: under the 10-minute
 #                 limit; each server's results are packed into $OUT/partial-online.tar as soon as they exist;
-#                 ONLINE_SERVERS (default "mixed prefill-first minisgl") picks which servers run
+#                 ONLINE_SERVERS (default "mixed prefill-first minisgl"; "catch-up": final/ with
+#                 --stream-catch-up-ms ONLINE_CATCH_UP_MS, default 50) picks which servers run
 #   fiws-save     end a call with it: FlashInfer's JIT cache into $OUT/fiws.tar.N (15 MB parts); copy
 #                 them to .fiws-cache/full/ here (fiws-stash and fiws-restore bring them back)
 #   fiws-stash    a carried part of the cache (.fiws-cache/full/fiws.tar.N) kept in /tmp/fiws-parts/: a
@@ -345,12 +346,15 @@ run_step() {
       }
       # final/ as served: --attn auto (Hopper: FlashAttention 4's prefill, FlashInfer's decode)
       # unless ONLINE_FINAL_ATTN names one; Mini-SGLang with FlashInfer, its FA3 kernel not on the host.
-      # ONLINE_SERVERS (default "mixed prefill-first minisgl"): which of the three run, e.g. "mixed"
-      # alone for a reading of final/'s server by itself (not a pair: the page pairs by run id).
+      # ONLINE_SERVERS (default "mixed prefill-first minisgl"): which run, e.g. "mixed" alone for a
+      # reading of final/'s server by itself (not a pair: the page pairs by run id); "catch-up" adds
+      # final/ with --stream-catch-up-ms ${ONLINE_CATCH_UP_MS:-50} (off by default) to the call.
       local attn=${ONLINE_FINAL_ATTN:-auto} servers=" ${ONLINE_SERVERS:-mixed prefill-first minisgl} "
       [[ $servers == *" mixed "* ]] && online final_online_$gpu final --port 19190 --final-args "--attn $attn"
       [[ $servers == *" prefill-first "* ]] && online final_online_prefill_first_$gpu final --port 19191 \
         --final-args "--attn $attn --chunk-policy prefill-first"
+      [[ $servers == *" catch-up "* ]] && online final_online_catch_up_ms${ONLINE_CATCH_UP_MS:-50}_$gpu final --port 19192 \
+        --final-args "--attn $attn --stream-catch-up-ms ${ONLINE_CATCH_UP_MS:-50}"
       [[ $servers == *" minisgl "* ]] && PYTHONPATH=$PWD/.peers/minisgl:$PYTHONPATH online peer_minisgl_online_$gpu \
         mini-sglang --port 19290
       return $status

@@ -29,6 +29,7 @@ from scripts.stream_metrics import SMOOTH_MAX_BURSTS as BURST_LIMIT
 
 FINAL, PEER = "final", "mini-sglang"
 PREFILL_FIRST = "--chunk-policy prefill-first"
+CATCH_UP = "--stream-catch-up-ms"  # final/'s server with its API process catching up (off by default)
 EMPTY = "*No device call has measured both servers online yet: the next GPU run (`scripts/gpu_run.sh online-policy`).*"
 # (metric, title, higher is better): the ratio is final/'s speed-up, above 1 when final/ is ahead.
 COLUMNS = (
@@ -61,7 +62,11 @@ def variant(result: Result) -> str | None:
     if result.stage != FINAL:
         return None
     flags = server_flags(result.config)
-    return FINAL if not flags else "prefill-first" if flags == PREFILL_FIRST.split() else None
+    if not flags:
+        return FINAL
+    if flags == PREFILL_FIRST.split():
+        return "prefill-first"
+    return "catch-up" if len(flags) == 2 and flags[0] == CATCH_UP else None
 
 
 def rate_key(rate: str) -> float:
@@ -155,8 +160,13 @@ def render(results: list[Result], plot_link: str | None = None) -> str:
 
 
 def _smoothness(call: dict[str, dict[str, Result]], rates: list[str]) -> list[str]:
-    kinds = [k for k in (FINAL, "prefill-first", PEER) if k in call]
-    names = {FINAL: "final/", "prefill-first": "final/ prefill-first", PEER: "Mini-SGLang"}
+    kinds = [k for k in (FINAL, "prefill-first", "catch-up", PEER) if k in call]
+    names = {
+        FINAL: "final/",
+        "prefill-first": "final/ prefill-first",
+        "catch-up": "final/ catching up",
+        PEER: "Mini-SGLang",
+    }
     head = ["rate (req/s)", "server", "tok/s", "TTFT p50 (ms)", "ITL p50 (ms)", *(t for _, t in SMOOTH)]
     lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
     fmt: dict[str, Callable[[float], str]] = {

@@ -269,12 +269,16 @@ def test_the_online_section_pairs_a_call_rate_by_rate_with_the_prefill_first_run
     prefill_first = online_result("final", "final_online_prefill_first_h200", "8", "c1", 30.0,
                                   server_args="--chunk-policy prefill-first")  # fmt: skip
     results.append(prefill_first.__class__(**{**prefill_first.__dict__, **late}))
+    catch_up = online_result("final", "final_online_catchup_h200", "8", "c1", 20.0,
+                             server_args="--attn auto --stream-catch-up-ms 50")  # fmt: skip
+    results.append(catch_up.__class__(**{**catch_up.__dict__, **late}))
     page = results_online.render(results, "plot.png")
     h200 = page.split("### H200")[1]
     assert "`c1`" in h200 and "![TTFT p50 and the share of gaps under half a step" in h200
     rows = [line for line in h200.splitlines() if line.startswith("| 8 |") or line.startswith("| inf |")]
     assert "40 · 50 · 1.25×" in rows[0] and "900 · 600 · 0.67×" in rows[1]
     assert any("final/ prefill-first" in line and "| 30 |" in line for line in h200.splitlines())
+    assert any("final/ catching up" in line and "| 20 |" in line for line in h200.splitlines())
     assert (
         results_online.plot(results, tmp_path / "online.png") and (tmp_path / "online.png").stat().st_size > 0
     )
@@ -283,7 +287,7 @@ def test_the_online_section_pairs_a_call_rate_by_rate_with_the_prefill_first_run
     )
     assert "No device call" in results_online.render(results[:1])
     versus = results_versus.render(results).split("### H200")[1]
-    assert "online 8 req/s, TTFT p50 (ms) | 40 | 50 |" in versus  # not the prefill-first run's 30
+    assert "online 8 req/s, TTFT p50 (ms) | 40 | 50 |" in versus  # not the prefill-first run's 30 nor 20
 
 
 def test_the_online_caption_says_how_many_requests_each_call_sent():
