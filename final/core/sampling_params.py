@@ -81,6 +81,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings, cut from the text
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # vLLM's name and default: the text leaves out the special tokens the model writes (<|im_end|>,
+    # <think> where it is one); False writes them out, for a client that parses them itself.
+    skip_special_tokens: bool = True
     logprobs: int | None = None  # None: no logprobs; n >= 0: the sampled token's and the top n
     n: int = 1  # answers per prompt, each its own request (answer i seeded with seed + i)
     presence_penalty: float = 0.0
@@ -156,8 +159,9 @@ class SamplingParams:
                 raise UserError(f"{name} must be a number, got {getattr(self, name)!r}")
         if not all(_is_integer(t) for t in self.stop_token_ids):
             raise UserError(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
-        if not isinstance(self.ignore_eos, bool):
-            raise UserError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     @property
     def greedy(self) -> bool:

@@ -162,7 +162,7 @@ def relay(detok: Any, sockets: Sockets, parent: ParentWatch) -> None:
             while (raw := _recv(sockets.from_api)) is not None:
                 msg = pickle.loads(raw)
                 if isinstance(msg, AddRequest):
-                    detok.add(msg.rid, msg.prompt_ids[-8:], msg.params.stop)
+                    detok.add(msg.rid, msg.prompt_ids[-8:], msg.params.stop, msg.params.skip_special_tokens)
                 elif isinstance(msg, AbortRequest):
                     detok.drop(msg.rid)
                 sockets.to_engine.send(raw)  # as it came: no second pickling

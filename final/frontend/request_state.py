@@ -42,7 +42,7 @@ class RequestState:
     ):
         self.rid = rid
         self.params = params
-        self.stream = TextStream(tokenizer, prompt_ids, params.stop)
+        self.stream = TextStream(tokenizer.for_request(params.skip_special_tokens), prompt_ids, params.stop)
         self.text_at_end = text_at_end and not params.stop
         self.output = RequestOutput(prompt_ids=list(prompt_ids))
         self.arrival = time.perf_counter()

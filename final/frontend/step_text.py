@@ -26,8 +26,10 @@ class StepDetokenizer:
         self.tokenizer = tokenizer
         self.streams: dict[int, TextStream] = {}
 
-    def add(self, rid: int, prompt_ids: Sequence[int], stop: Sequence[str]) -> None:
-        self.streams[rid] = TextStream(self.tokenizer, prompt_ids, stop)
+    def add(
+        self, rid: int, prompt_ids: Sequence[int], stop: Sequence[str], skip_special_tokens: bool = True
+    ) -> None:
+        self.streams[rid] = TextStream(self.tokenizer.for_request(skip_special_tokens), prompt_ids, stop)
 
     def drop(self, rid: int) -> None:
         self.streams.pop(rid, None)
@@ -46,10 +48,16 @@ class StepDetokenizer:
             i: self.streams[step.rids[i]].detok.windows(step.tokens[starts[i] : starts[i] + 1])
             for i in single
         }
-        afters = self.tokenizer.decode_batch([windows[i][1] for i in single]) if single else []
-        decoded = {
-            i: (self.tokenizer.decode(windows[i][0]), after) for i, after in zip(single, afters, strict=True)
-        }
+        # One batch per tokenizer: requests that keep their special tokens decode with its twin.
+        groups: dict[int, list[int]] = {}
+        for i in single:
+            groups.setdefault(id(self.streams[step.rids[i]].detok.tokenizer), []).append(i)
+        decoded = {}
+        for members in groups.values():
+            tokenizer = self.streams[step.rids[members[0]]].detok.tokenizer
+            afters = tokenizer.decode_batch([windows[i][1] for i in members])
+            for i, after in zip(members, afters, strict=True):
+                decoded[i] = (tokenizer.decode(windows[i][0]), after)
 
         out = StepColumns([], [], [], [], [], step.tokens_at, 0.0, {}, [], step.decode_only)
         aborts: list[int] = []

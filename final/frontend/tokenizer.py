@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Sequence
 from functools import cached_property
@@ -30,6 +31,8 @@ Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool'
 
 
 class Tokenizer:
+    skip_special_tokens = True  # what decode() does with special tokens (for_request)
+
     def __init__(self, folder: Path, chat_template: str | None = None):
         """`chat_template`: a Jinja chat template, or a file holding one, used instead of the
         model's (vLLM's --chat-template)."""
@@ -118,11 +121,22 @@ class Tokenizer:
             return text
         return self._decode(ids)
 
+    def for_request(self, skip_special_tokens: bool) -> Tokenizer:
+        """The tokenizer whose `decode` a request's text takes: this one, or its twin that writes
+        special tokens out (a request's skip_special_tokens=False)."""
+        return self if skip_special_tokens else self._keeping_special_tokens
+
+    @cached_property
+    def _keeping_special_tokens(self) -> Tokenizer:
+        twin = copy.copy(self)  # the same HF tokenizer; a cache of token texts of its own
+        twin.skip_special_tokens, twin._token_texts = False, {}
+        return twin
+
     def _decode(self, ids: Sequence[int]) -> str:
         # Straight to the Rust tokenizer where HF's wrapper adds nothing but its own cost.
         if self._decode_ids is not None:
-            return self._decode_ids(list(ids), skip_special_tokens=True)
-        return self.hf.decode(list(ids), skip_special_tokens=True)
+            return self._decode_ids(list(ids), skip_special_tokens=self.skip_special_tokens)
+        return self.hf.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
 
     def decode_with_special_tokens(self, ids: Sequence[int]) -> str:
         """The text of `ids` with their special tokens written out (/detokenize: a templated
@@ -133,7 +147,9 @@ class Tokenizer:
         """`decode` of each sequence, in one call to the Rust tokenizer where it can (one crossing
         into Rust for a whole step's requests instead of one each)."""
         if self._decode_ids is not None:
-            return self.hf.backend_tokenizer.decode_batch(sequences, skip_special_tokens=True)
+            return self.hf.backend_tokenizer.decode_batch(
+                sequences, skip_special_tokens=self.skip_special_tokens
+            )
         return [self._decode(ids) for ids in sequences]
 
     def token_text(self, token_id: int) -> str:

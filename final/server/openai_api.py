@@ -63,6 +63,7 @@ def sampling_params(
             stop=req.stops(),
             stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos,
+            skip_special_tokens=req.skip_special_tokens,
             logprobs=logprobs,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,

@@ -106,6 +106,10 @@ class CommonFields(StrictModel):
         default_factory=list, max_length=MAX_STOP_TOKEN_IDS, description="extension"
     )
     ignore_eos: bool = Field(False, description="extension")
+    skip_special_tokens: bool = Field(
+        True,
+        description="extension (vLLM's): false writes the special tokens the model generates into the text",
+    )
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")

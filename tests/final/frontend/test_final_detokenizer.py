@@ -133,3 +133,39 @@ def test_text_decoded_at_the_end_is_the_streamed_text(which, request):
         assert texts[0] == texts[1], (prompt, output)
     with_stop = RequestState(0, [1], SamplingParams(stop=["x"]), tok, text_at_end=True)
     assert not with_stop.text_at_end  # a stop string needs the text as it comes
+
+
+# ---------------------------------------------------------------------------------------------
+# skip_special_tokens=False (vLLM's request field): the special tokens written into the text
+
+
+@pytest.mark.parametrize("which", ["tiny", "default"])
+def test_a_request_can_keep_its_special_tokens(which, request):
+    """A request's text leaves the special tokens out by default and writes them with
+    skip_special_tokens=False, token by token as at the end, equal to HF's decode either way; the
+    default's text (and its cache of token texts) does not change for it."""
+    from final.core.sampling_params import SamplingParams
+    from final.engine.messages import RequestDelta
+    from final.frontend.request_state import RequestState
+
+    folder = request.getfixturevalue("tiny_tokenizer_dir" if which == "tiny" else "default_model_dir")
+    tok = Tokenizer(folder)
+    special = tok.hf.all_special_ids[0]
+    output = (
+        tok.encode("hello", add_special_tokens=False)
+        + [special]
+        + tok.encode(" world", add_special_tokens=False)
+    )
+    for skip in (True, False):
+        want = tok.hf.decode(output, skip_special_tokens=skip)
+        for at_end in (False, True):
+            params = SamplingParams(max_tokens=len(output), skip_special_tokens=skip)
+            state = RequestState(0, [5], params, tok, text_at_end=at_end)
+            for i, token in enumerate(output):
+                finish = "length" if i == len(output) - 1 else None
+                state.apply(RequestDelta(rid=0, token_ids=[token], finish_reason=finish))
+            assert state.output.text == want, (skip, at_end)
+    assert tok.hf.convert_ids_to_tokens(special) in tok.for_request(False).decode(output)
+    assert tok.decode([special]) == "" and tok.for_request(True) is tok
+    with pytest.raises(Exception, match="skip_special_tokens must be True or False"):
+        SamplingParams(skip_special_tokens="no")

@@ -127,6 +127,26 @@ def test_errors_pass_through_and_logprobs_are_cut_with_their_tokens(tok):
     assert not detok.streams
 
 
+def test_one_step_decodes_requests_that_keep_their_special_tokens_apart(tok):
+    """The step's batch decode groups its rows by what they do with special tokens: a request with
+    skip_special_tokens=False gets them in its text, the others beside it in the same step do not."""
+    special = tok.hf.all_special_ids[0]
+    detok = StepDetokenizer(tok)
+    detok.add(1, [5, 6], [])
+    detok.add(2, [5, 6], [], skip_special_tokens=False)
+    texts: dict[int, str] = {1: "", 2: ""}
+    for token in tok.encode("hi", add_special_tokens=False) + [
+        special,
+        *tok.encode(" there", add_special_tokens=False),
+    ]:
+        out, _ = detok.step(StepColumns([1, 2], [1, 1], [token, token], [0, 0], [0, 0]))
+        for rid, text in zip(out.rids, out.texts or [], strict=True):
+            texts[rid] += text
+    name = tok.hf.convert_ids_to_tokens(special)
+    assert name not in texts[1] and name in texts[2]
+    assert texts[2].replace(name, "") == texts[1]
+
+
 # ---------------------------------------------------------------------------------------------
 # One wake-up per step
 

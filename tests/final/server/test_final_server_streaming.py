@@ -164,3 +164,24 @@ def test_with_catch_up_a_late_server_writes_steps_together_and_loses_none(catchi
     assert sent is not None
     together = sum(g < 0.1 for g in sent) / len(sent)
     assert together > 0.25, f"{together:.1%} of a stream's frames written together: it hardly caught up"
+
+
+def test_skip_special_tokens_false_writes_them_into_the_text(server):
+    """vLLM's request field reaches the detokenizer process: the stand-in engine answers with its
+    prompt's tokens, a special token among them, which the text leaves out by default and writes
+    out with skip_special_tokens false, streamed and whole alike."""
+    client = server.client()
+    prompt = "one two<|im_end|> three"
+    texts = {}
+    for skip in (True, False):
+        for streamed in (False, True):
+            body = {"ignore_eos": True, "skip_special_tokens": skip}
+            kwargs = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "extra_body": body}
+            if streamed:
+                chunks = client.completions.create(stream=True, **kwargs)
+                texts[skip, streamed] = "".join(c.choices[0].text for c in chunks if c.choices)
+            else:
+                texts[skip, streamed] = client.completions.create(**kwargs).choices[0].text
+    assert "<|im_end|>" in texts[False, False] and "<|im_end|>" not in texts[True, False]
+    assert texts[False, True] == texts[False, False] and texts[True, True] == texts[True, False]
+    assert texts[False, False].replace("<|im_end|>", "") == texts[True, False]
