@@ -44,11 +44,18 @@ log = logging.getLogger(__name__)
 
 ENGINE_GONE = "the engine process stopped"
 NUDGE_S = 0.5  # how often a waiting request is woken to check that its client is still there
+
+
 # Off by default (--stream-catch-up-ms 0): past saturation the lag then grows with the load, but
 # every stream's frames stay a step apart (issue 27). 50 ms, the value measured: several engine
 # steps of a loaded server (5-10 ms each on an H200), far above the few ms a token spends in the
 # detokenizer and this process while they keep up (docs/serving/index.md has both readings).
-BEHIND_S = DEFAULT_CATCH_UP_MS / 1000 or None
+def catch_up_seconds(ms: int) -> float | None:
+    """--stream-catch-up-ms as the client takes it: seconds, or None for 0 (never)."""
+    return ms / 1000 if ms else None
+
+
+BEHIND_S = catch_up_seconds(DEFAULT_CATCH_UP_MS)
 CATCH_UP_STEPS = 16  # steps delivered at most before the requests run: a turn stays short
 
 

@@ -49,12 +49,11 @@ class StepDetokenizer:
             for i in single
         }
         # One batch per tokenizer: requests that keep their special tokens decode with its twin.
-        groups: dict[int, list[int]] = {}
+        groups: dict[Tokenizer, list[int]] = {}
         for i in single:
-            groups.setdefault(id(self.streams[step.rids[i]].detok.tokenizer), []).append(i)
+            groups.setdefault(self.streams[step.rids[i]].detok.tokenizer, []).append(i)
         decoded = {}
-        for members in groups.values():
-            tokenizer = self.streams[step.rids[members[0]]].detok.tokenizer
+        for tokenizer, members in groups.items():
             afters = tokenizer.decode_batch([windows[i][1] for i in members])
             for i, after in zip(members, afters, strict=True):
                 decoded[i] = (tokenizer.decode(windows[i][0]), after)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from ..core.config import EngineConfig
 from ..core.errors import UserError
 from ..core.heap import freeze_startup_heap
+from ..frontend.client import catch_up_seconds
 from ..frontend.engine_monitor import Liveness
 from ..frontend.options import ServeOptions
 from ..frontend.sampling_defaults import sampling_flags
@@ -193,7 +194,7 @@ def run_http(
         ),
         liveness=Liveness(args.engine_silence_timeout, args.engine_step_timeout),
         on_engine_lost=on_engine_lost,
-        catch_up_s=args.stream_catch_up_ms / 1000 if args.stream_catch_up_ms else None,
+        catch_up_s=catch_up_seconds(args.stream_catch_up_ms),
     )
     uv_config = uvicorn.Config(
         DirectSend(app),  # outside even Starlette's own error middleware (event_stream.py says why)

@@ -19,7 +19,7 @@ from final.core.sampling_params import SamplingParams
 from final.engine.wire import FINISH_CODE, StepColumns, encode
 from final.frontend import client as client_module
 from final.frontend.client import AsyncEngineClient
-from final.frontend.mailbox import TokenUpdate
+from final.frontend.mailbox import Mailbox, TokenUpdate
 from final.server import streaming
 from final.server.generation import Job, submit
 from final.server.metrics import Metrics
@@ -123,8 +123,6 @@ class Client:
         self.released: list[int] = []
 
     def submit(self, prompt_ids, params):
-        from final.frontend.mailbox import Mailbox
-
         self.next_rid += 1
         return self.next_rid, Mailbox()
 
